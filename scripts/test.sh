@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite on a fresh machine (the README's second command).
+# Installs the package with its dev extras into .venv, starts PostgreSQL, Redis and
+# RabbitMQ if they are stopped, and runs pytest. With CI=true a service that cannot be
+# started fails the run instead of skipping its tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${CONVEYOR_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --disable-pip-version-check -e '.[dev]'
+
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+start_service() {  # name port command...
+  local name=$1 port=$2; shift 2
+  up "$port" && return 0
+  echo "starting $name (port $port was closed)"
+  "$@" >/dev/null 2>&1 || true
+  for _ in $(seq 1 60); do up "$port" && return 0; sleep 1; done
+  echo "$name did not come up on 127.0.0.1:$port" >&2
+  [ "${CI:-}" = "true" ] && exit 1
+  return 0
+}
+start_service postgres 5432 pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql 2>/dev/null | head -1)" main start
+start_service redis 6379 redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
+start_service rabbitmq 5672 rabbitmq-server -detached
+
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,71 @@
+"""Brokers: one seam (`Broker`), one module per transport, chosen by URL.
+
+`from_url("sqlite:///path")`, `"redis://…"`, `"amqp://…"`, `"postgresql://…"`. With no URL
+configured the broker is SQLite in a per-user data file (`default_url()`). Transports are
+imported lazily so a worker on Redis never loads pika or psycopg.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
+from conveyor.errors import ConfigError
+
+# URL scheme -> "module:Class"
+TRANSPORTS = {
+    "sqlite": "conveyor.broker.sqlite:SQLiteBroker",
+    "redis": "conveyor.broker.redis:RedisBroker",
+    "rediss": "conveyor.broker.redis:RedisBroker",
+    "amqp": "conveyor.broker.rabbitmq:RabbitMQBroker",
+    "amqps": "conveyor.broker.rabbitmq:RabbitMQBroker",
+    "postgresql": "conveyor.broker.postgres:PostgresBroker",
+    "postgres": "conveyor.broker.postgres:PostgresBroker",
+}
+
+
+def data_dir() -> Path:
+    """Where the embedded default keeps its files: $CONVEYOR_HOME or the XDG data dir."""
+    home = os.environ.get("CONVEYOR_HOME")
+    if home:
+        return Path(home)
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "conveyor"
+
+
+def default_url() -> str:
+    """The embedded default broker: SQLite in the per-user data directory."""
+    return f"sqlite:///{data_dir() / 'conveyor.db'}"
+
+
+def from_url(url: str | None = None, **options: Any) -> Broker:
+    """The broker for `url` (the embedded default when empty)."""
+    url = url or default_url()
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    target = TRANSPORTS.get(scheme)
+    if target is None:
+        raise ConfigError(
+            f"broker URL {redact(url)!r} has an unknown scheme {scheme!r}: use one of "
+            + ", ".join(f"{s}://" for s in sorted(TRANSPORTS))
+        )
+    module_name, class_name = target.split(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    broker: Broker = cls(url, **options)
+    return broker
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ***, for logs and errors."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+__all__ = ["DEFAULT_LEASE_SECONDS", "Broker", "DeadLetter", "Delivery", "Depth", "data_dir",
+           "default_url", "from_url", "redact"]

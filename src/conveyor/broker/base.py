@@ -1,0 +1,207 @@
+"""The broker seam: the one interface every component talks to queues through.
+
+A transport is one module implementing `Broker`. The semantics every transport keeps are
+written down once, here, and checked by one conformance suite (`tests/contract/`):
+
+* at-least-once: a delivery stays owned by its consumer until `ack`, `retry_later` or
+  `dead_letter`; if the consumer dies (process killed, connection lost, lease expired) the
+  message is delivered again;
+* a delivery is never handed to a second consumer while its lease is alive
+  (`extend_lease` is the heartbeat);
+* `Delivery.delivery_count` grows on every delivery of the same message, so a poison message
+  can be dead-lettered after N deliveries;
+* delayed messages are stored on the broker, never in a consumer's memory, and never
+  delivered early;
+* higher `priority` first within a queue, where the transport supports it;
+* consumption blocks on the broker: an idle consumer costs ~0 CPU, and a published message
+  reaches a waiting consumer in milliseconds.
+
+Admin operations (listing and re-queueing dead letters, purging) are on the same class but
+kept apart at the bottom: workers never need them, operators and tests do.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_LEASE_SECONDS = 60.0
+
+
+@dataclass
+class Delivery:
+    """A message claimed by this consumer. `receipt` is the transport's own handle."""
+
+    queue: str
+    body: bytes
+    delivery_count: int
+    receipt: Any = field(repr=False)
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Depth:
+    """How much work a queue holds, split the way an autoscaler needs it."""
+
+    ready: int
+    in_flight: int
+    delayed: int
+    dead: int
+
+    @property
+    def active(self) -> int:
+        """Work that needs a worker now or is on one: what scaling decisions count."""
+        return self.ready + self.in_flight
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A quarantined message: its body untouched, and why it was set aside."""
+
+    id: str
+    queue: str
+    body: bytes
+    reason: str
+    dead_at: float
+    delivery_count: int
+
+
+class Broker(abc.ABC):
+    """One small interface over SQLite, Postgres, Redis and RabbitMQ.
+
+    Deliveries returned by `consume` belong to the broker object that yielded them; ack,
+    retry, dead-letter and extend them on that same object. `wakeup()` is the only method
+    that may be called from another thread: it makes a blocked `consume` step return `None`
+    promptly, so a supervisor can react to its own events without polling.
+    """
+
+    #: Whether `priority` orders deliveries within a queue on this transport.
+    supports_priority: bool = True
+    #: A one-line caveat printed at start for guarantees this transport cannot keep.
+    weaker_guarantees: str = ""
+
+    def __init__(self, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+        self.lease_seconds = lease_seconds
+        self._outstanding = 0
+        self._outstanding_lock = threading.Lock()
+        self._interrupted = threading.Event()
+
+    # -- the seam -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def publish(self, queue: str, body: bytes, *, priority: int = 0,
+                delay: float = 0.0) -> None:
+        """Store `body` on `queue`, durably, deliverable after `delay` seconds."""
+
+    def consume(self, queues: Sequence[str], *, prefetch: int = 1,
+                timeout: float = 1.0) -> Iterator[Delivery | None]:
+        """Yield deliveries from `queues` (first listed first when several have work).
+
+        At most `prefetch` deliveries are held (yielded and not yet settled) at once; a step
+        that cannot hand one out within `timeout` seconds, or that `wakeup()` interrupts,
+        yields `None`. Transports supply `_claim` and `_wait`; this loop is shared.
+        """
+        self._start_consuming(queues, prefetch)
+        buffered: list[Delivery] = []
+        while True:
+            deadline = time.monotonic() + timeout
+            while not buffered:
+                if self.outstanding < prefetch:
+                    buffered = self._claim(queues, prefetch - self.outstanding)
+                    if buffered:
+                        break
+                remaining = deadline - time.monotonic()
+                if self._interrupted.is_set() or remaining <= 0:
+                    break
+                self._wait(queues, remaining)
+            self._interrupted.clear()
+            if buffered:
+                self._held(1)
+                yield buffered.pop(0)
+            else:
+                yield None
+
+    def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
+        """Hook: subscribe, declare, or listen before the first claim."""
+        return None
+
+    @abc.abstractmethod
+    def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        """Take up to `limit` deliveries now, without waiting; first listed queue first."""
+
+    @abc.abstractmethod
+    def _wait(self, queues: Sequence[str], timeout: float) -> None:
+        """Block until work may be available, `wakeup()` is called, or `timeout` passes."""
+
+    @abc.abstractmethod
+    def ack(self, delivery: Delivery) -> None:
+        """The work is done: remove the message for good."""
+
+    @abc.abstractmethod
+    def retry_later(self, delivery: Delivery, delay: float = 0.0,
+                    body: bytes | None = None) -> None:
+        """Give the message back, deliverable after `delay`; `body` replaces it if given."""
+
+    @abc.abstractmethod
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Quarantine the message with a reason people can read; it is never retried."""
+
+    @abc.abstractmethod
+    def extend_lease(self, delivery: Delivery, seconds: float | None = None) -> None:
+        """Heartbeat: keep the delivery ours for `seconds` (default `lease_seconds`) more."""
+
+    @abc.abstractmethod
+    def depth(self, queue: str) -> Depth:
+        """Ready, in-flight, delayed and dead counts of one queue."""
+
+    def wakeup(self) -> None:
+        """Make a blocked `consume` step return `None` soon. Thread-safe."""
+        self._interrupted.set()
+        self._interrupt_wait()
+
+    @abc.abstractmethod
+    def _interrupt_wait(self) -> None:
+        """Make a blocked `_wait` return now. Called from any thread."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. Unsettled deliveries go back to the queue."""
+
+    # -- admin: operators and tests, not workers -----------------------------------------
+
+    @abc.abstractmethod
+    def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetter]:
+        """The oldest `limit` dead letters of `queue`."""
+
+    @abc.abstractmethod
+    def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        """Put dead letters (all, or those in `ids`) back on their queue; return how many."""
+
+    @abc.abstractmethod
+    def purge(self, queue: str) -> int:
+        """Delete every message of `queue` (ready, delayed and dead); return how many."""
+
+    # -- shared bookkeeping ----------------------------------------------------------------
+
+    @property
+    def outstanding(self) -> int:
+        """Deliveries yielded by `consume` and not yet settled."""
+        return self._outstanding
+
+    def _held(self, n: int) -> None:
+        with self._outstanding_lock:
+            self._outstanding += n
+
+    def _settled(self) -> None:
+        with self._outstanding_lock:
+            self._outstanding = max(0, self._outstanding - 1)
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

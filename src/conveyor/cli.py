@@ -1,0 +1,61 @@
+"""The `conveyor` command: one entry point, one sub-command per daemon or tool."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from conveyor import broker as brokers
+from conveyor.errors import ConveyorError
+from conveyor.message import Codec, Message
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Enqueue a few messages on the embedded default broker and consume them back."""
+    broker = brokers.from_url(args.broker)
+    codec = Codec()
+    print(f"broker: {brokers.redact(args.broker or brokers.default_url())}")
+    for i in range(args.count):
+        broker.publish("demo", codec.encode(Message(queue="demo", task="demo.echo", args=(i,))))
+    print(f"published {args.count} messages to queue 'demo': {broker.depth('demo')}")
+    started = time.monotonic()
+    done = 0
+    for delivery in broker.consume(["demo"], prefetch=8, timeout=0.5):
+        if delivery is None:
+            break
+        message = codec.decode(delivery.body)
+        broker.ack(delivery)
+        done += 1
+        print(f"  consumed {message.id} {message.task}{tuple(message.args)}")
+    elapsed = time.monotonic() - started
+    print(f"consumed and acked {done} in {elapsed * 1000:.1f} ms: {broker.depth('demo')}")
+    broker.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conveyor", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help=cmd_demo.__doc__)
+    demo.add_argument("--broker", default=None, help="broker URL (default: embedded SQLite)")
+    demo.add_argument("--count", type=int, default=5)
+    demo.set_defaults(run=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run: Command = args.run
+        return run(args)
+    except ConveyorError as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

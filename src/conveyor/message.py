@@ -1,0 +1,214 @@
+"""The message envelope: versioned JSON on the wire, never pickle.
+
+A `Message` is the unit of work a broker carries. `Codec` turns it into bytes and back,
+strictly: every field is type-checked on the way in, the body size is capped, and with a
+signing key configured a message without a valid HMAC-SHA256 is rejected before any of its
+fields is looked at. One exception type, `MessageError`, says what was wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from conveyor.errors import MessageError
+
+VERSION = 1
+DEFAULT_MAX_BYTES = 1024 * 1024
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_id(now: float | None = None) -> str:
+    """A 26-character ULID: 48 bits of milliseconds then 80 random bits, sortable by time."""
+    ms = int((time.time() if now is None else now) * 1000)
+    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+@dataclass(frozen=True)
+class Message:
+    """One unit of work: a registered task (`task`) or a shell command (`command`)."""
+
+    queue: str
+    task: str = ""
+    command: tuple[str, ...] = ()
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    id: str = field(default_factory=new_id)
+    priority: int = 0
+    attempt: int = 1
+    deliveries: int = 0
+    enqueued_at: float = field(default_factory=time.time)
+    not_before: float = 0.0
+    time_limit: float = 0.0
+    soft_time_limit: float = 0.0
+    memory_limit: int = 0
+    max_retries: int = -1
+    reply_to: str = ""
+    trace_id: str = ""
+    run_id: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if bool(self.task) == bool(self.command):
+            raise MessageError(
+                f"message {self.id}: give exactly one of a task name or a command "
+                f"(got task={self.task!r}, command={list(self.command)!r})"
+            )
+
+    @property
+    def label(self) -> str:
+        """What the message runs, for logs: the task name or the command line."""
+        return self.task or " ".join(self.command)
+
+    def next_attempt(self) -> Message:
+        """The same work, one attempt later (a retry after a task fault)."""
+        return replace(self, attempt=self.attempt + 1)
+
+
+# name -> (accepted JSON types, required)
+_SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
+    "v": ((int,), True),
+    "id": ((str,), True),
+    "queue": ((str,), True),
+    "task": ((str,), False),
+    "command": ((list,), False),
+    "args": ((list,), False),
+    "kwargs": ((dict,), False),
+    "priority": ((int,), False),
+    "attempt": ((int,), False),
+    "deliveries": ((int,), False),
+    "enqueued_at": ((int, float), True),
+    "not_before": ((int, float), False),
+    "time_limit": ((int, float), False),
+    "soft_time_limit": ((int, float), False),
+    "memory_limit": ((int,), False),
+    "max_retries": ((int,), False),
+    "reply_to": ((str,), False),
+    "trace_id": ((str,), False),
+    "run_id": ((str,), False),
+    "headers": ((dict,), False),
+    "sig": ((str,), False),
+}
+
+
+def canonical_bytes(fields: Mapping[str, Any]) -> bytes:
+    """Length-prefixed encoding of every field but `sig`, in name order, for signing.
+
+    Each name and each JSON-encoded value is preceded by its length, so no two different
+    messages can produce the same bytes by shifting text between fields.
+    """
+    out = bytearray()
+    for name in sorted(k for k in fields if k != "sig"):
+        value = json.dumps(fields[name], sort_keys=True, separators=(",", ":")).encode()
+        for part in (name.encode(), value):
+            out += len(part).to_bytes(4, "big") + part
+    return bytes(out)
+
+
+class Codec:
+    """Encodes and strictly decodes messages; signs and verifies when given a key."""
+
+    def __init__(self, signing_key: bytes | str | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if isinstance(signing_key, str):
+            signing_key = signing_key.encode()
+        self._key = signing_key or None
+        self.max_bytes = max_bytes
+
+    def encode(self, message: Message) -> bytes:
+        fields = _to_fields(message)
+        if self._key:
+            fields["sig"] = self._sign(fields)
+        body = json.dumps(fields, separators=(",", ":")).encode()
+        if len(body) > self.max_bytes:
+            raise MessageError(
+                f"message {message.id} for {message.label!r} is {len(body)} bytes, over the "
+                f"{self.max_bytes}-byte cap: pass large data by reference (a path or URL)"
+            )
+        return body
+
+    def decode(self, body: bytes) -> Message:
+        if len(body) > self.max_bytes:
+            raise MessageError(f"message is {len(body)} bytes, over the {self.max_bytes}-byte cap")
+        try:
+            fields = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MessageError(f"message is not JSON ({exc}): was it pickled by another producer?") from None
+        if not isinstance(fields, dict):
+            raise MessageError(f"message is JSON {type(fields).__name__}, expected an object")
+        if self._key:
+            self._verify(fields)
+        _check_schema(fields)
+        return _from_fields(fields)
+
+    def _sign(self, fields: Mapping[str, Any]) -> str:
+        assert self._key is not None
+        return hmac.new(self._key, canonical_bytes(fields), hashlib.sha256).hexdigest()
+
+    def _verify(self, fields: Mapping[str, Any]) -> None:
+        sig = fields.get("sig")
+        if not isinstance(sig, str):
+            raise MessageError("message is unsigned but a signing key is configured")
+        if not hmac.compare_digest(sig, self._sign(fields)):
+            raise MessageError("message signature does not match: tampered, or signed with "
+                               "another key")
+
+
+def _to_fields(message: Message) -> dict[str, Any]:
+    fields = asdict(message)
+    fields["command"] = list(message.command)
+    fields["args"] = list(message.args)
+    fields["kwargs"] = dict(message.kwargs)
+    fields["headers"] = dict(message.headers)
+    return {"v": VERSION, **fields}
+
+
+def _check_schema(fields: Mapping[str, Any]) -> None:
+    if fields.get("v") != VERSION and isinstance(fields.get("v"), int):
+        raise MessageError(f"message version {fields['v']} is unknown; this worker reads "
+                           f"version {VERSION}: upgrade the worker")
+    for name, (types, required) in _SCHEMA.items():
+        if name not in fields:
+            if required:
+                raise MessageError(f"message is missing the field {name!r}")
+            continue
+        value = fields[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            wanted = " or ".join(t.__name__ for t in types)
+            raise MessageError(f"message field {name!r} is {type(value).__name__}, "
+                               f"expected {wanted}")
+    unknown = sorted(set(fields) - set(_SCHEMA))
+    if unknown:
+        raise MessageError(f"message has unknown fields {unknown}")
+    _check_items(fields)
+
+
+def _check_items(fields: Mapping[str, Any]) -> None:
+    command = fields.get("command", [])
+    if not all(isinstance(part, str) for part in command):
+        raise MessageError("message field 'command' must be a list of strings")
+    headers = fields.get("headers", {})
+    if not all(isinstance(v, str) for v in headers.values()):
+        raise MessageError("message field 'headers' must map strings to strings")
+
+
+def _from_fields(fields: Mapping[str, Any]) -> Message:
+    values = {k: v for k, v in fields.items() if k not in ("v", "sig")}
+    values["command"] = tuple(values.get("command", ()))
+    values["args"] = tuple(values.get("args", ()))
+    return Message(**values)
+
+
+def messages_equal(a: Message, b: Message) -> bool:
+    """Field-wise equality that treats lists and tuples alike (JSON has no tuples)."""
+    return _to_fields(a) == _to_fields(b)
+
+
+__all__ = ["Codec", "Message", "MessageError", "canonical_bytes", "messages_equal", "new_id"]

@@ -1,0 +1,40 @@
+"""Shared fixtures: real services on loopback, a unique name per test, nothing left running.
+
+A service that is down skips its tests on a developer's machine and fails them in CI
+(`CI=true`): CI must never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+SERVICES = {
+    "redis": ("127.0.0.1", 6379),
+    "postgres": ("127.0.0.1", 5432),
+    "rabbitmq": ("127.0.0.1", 5672),
+}
+REDIS_URL = "redis://127.0.0.1:6379/0"
+POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+def require_service(name: str) -> None:
+    """Skip (or, in CI, fail) unless the named service accepts connections."""
+    host, port = SERVICES[name]
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError as exc:
+        message = f"{name} is not reachable at {host}:{port} ({exc}); start it (see README)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short name no other test (or test run) uses: for queues, schemas, keys."""
+    return "t" + uuid.uuid4().hex[:12]

@@ -1,0 +1,255 @@
+"""The conformance suite: what every transport promises (see `conveyor.broker.base`).
+
+Every test runs once per transport in `ENABLED`, against the real server.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conveyor.broker import Broker, Delivery, Depth
+from tests.contract.conftest import CONSUMER, ENV
+
+MakeBroker = Callable[..., Broker]
+
+
+def first(broker: Broker, queues: list[str], timeout: float = 5.0,
+          prefetch: int = 1) -> Delivery | None:
+    """The first delivery within `timeout` seconds, or None."""
+    deadline = time.monotonic() + timeout
+    for delivery in broker.consume(queues, prefetch=prefetch, timeout=0.2):
+        if delivery is not None or time.monotonic() > deadline:
+            return delivery
+    return None
+
+
+def wait_for_depth(broker: Broker, queue: str, want: Callable[[Depth], bool],
+                   timeout: float = 5.0) -> Depth:
+    deadline = time.monotonic() + timeout
+    depth = broker.depth(queue)
+    while not want(depth) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        depth = broker.depth(queue)
+    return depth
+
+
+def test_publish_consume_ack(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    broker.publish(queue, b'{"hello": 1}')
+    assert wait_for_depth(broker, queue, lambda d: d.ready == 1).ready == 1
+    delivery = first(broker, [queue])
+    assert delivery is not None
+    assert (delivery.body, delivery.queue, delivery.delivery_count) == (b'{"hello": 1}', queue, 1)
+    assert wait_for_depth(broker, queue, lambda d: d.in_flight == 1) == Depth(0, 1, 0, 0)
+    broker.ack(delivery)
+    assert wait_for_depth(broker, queue, lambda d: d.in_flight == 0) == Depth(0, 0, 0, 0)
+    assert first(broker, [queue], timeout=0.5) is None
+
+
+def test_empty_queue_depth_is_zero(make_broker: MakeBroker, queue: str) -> None:
+    assert make_broker().depth(queue) == Depth(0, 0, 0, 0)
+
+
+def test_fifo_within_a_queue(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    for i in range(5):
+        broker.publish(queue, str(i).encode())
+    got = []
+    for delivery in broker.consume([queue], timeout=0.5):
+        if delivery is None:
+            break
+        got.append(delivery.body)
+        broker.ack(delivery)
+    assert got == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_first_listed_queue_first(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    broker.publish(queue + "-low", b"low")
+    broker.publish(queue + "-high", b"high")
+    wait_for_depth(broker, queue + "-low", lambda d: d.ready == 1)
+    delivery = first(broker, [queue + "-high", queue + "-low"])
+    assert delivery is not None and delivery.body == b"high"
+    broker.ack(delivery)
+    broker.purge(queue + "-low")
+
+
+def test_higher_priority_first(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    if not broker.supports_priority:
+        pytest.skip(f"{type(broker).__name__} does not order by priority")
+    for body, priority in [(b"p0", 0), (b"p5", 5), (b"p1", 1)]:
+        broker.publish(queue, body, priority=priority)
+    wait_for_depth(broker, queue, lambda d: d.ready == 3)
+    got = []
+    for delivery in broker.consume([queue], timeout=0.5):
+        if delivery is None:
+            break
+        got.append(delivery.body)
+        broker.ack(delivery)
+    assert got == [b"p5", b"p1", b"p0"]
+
+
+def test_prefetch_bounds_held_deliveries(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    for i in range(4):
+        broker.publish(queue, str(i).encode())
+    steps = broker.consume([queue], prefetch=2, timeout=0.3)
+    held = [next(steps), next(steps)]
+    assert all(d is not None for d in held)
+    assert next(steps) is None, "a third delivery was handed out beyond prefetch=2"
+    assert held[0] is not None
+    broker.ack(held[0])
+    third = next(steps)
+    assert third is not None and third.body == b"2"
+
+
+def test_delayed_message_is_not_delivered_early(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    published = time.time()
+    broker.publish(queue, b"later", delay=1.5)
+    assert wait_for_depth(broker, queue, lambda d: d.delayed == 1).delayed == 1
+    assert first(broker, [queue], timeout=0.8) is None
+    delivery = first(broker, [queue], timeout=10)
+    assert delivery is not None and delivery.body == b"later"
+    assert time.time() - published >= 1.5
+    broker.ack(delivery)
+
+
+def test_retry_later_redelivers_with_count_and_new_body(make_broker: MakeBroker,
+                                                        queue: str) -> None:
+    broker = make_broker()
+    broker.publish(queue, b"attempt-1")
+    delivery = first(broker, [queue])
+    assert delivery is not None and delivery.delivery_count == 1
+    broker.retry_later(delivery, delay=1.0, body=b"attempt-2")
+    assert wait_for_depth(broker, queue, lambda d: d.delayed == 1).delayed == 1
+    assert first(broker, [queue], timeout=0.5) is None
+    again = first(broker, [queue], timeout=10)
+    assert again is not None
+    assert (again.body, again.delivery_count) == (b"attempt-2", 2)
+    broker.retry_later(again)
+    third = first(broker, [queue])
+    assert third is not None and third.delivery_count == 3 and third.body == b"attempt-2"
+    broker.ack(third)
+
+
+def test_dead_letter_keeps_body_and_reason_and_requeues(make_broker: MakeBroker,
+                                                        queue: str) -> None:
+    broker = make_broker()
+    broker.publish(queue, b"poison")
+    delivery = first(broker, [queue])
+    assert delivery is not None
+    broker.dead_letter(delivery, "oom_killed: exceeded 64 MiB")
+    depth = wait_for_depth(broker, queue, lambda d: d.dead == 1)
+    assert depth == Depth(0, 0, 0, 1)
+    [dead] = broker.dead_letters(queue)
+    assert (dead.body, dead.reason, dead.queue) == (b"poison", "oom_killed: exceeded 64 MiB",
+                                                     queue)
+    assert dead.delivery_count >= 1
+    assert first(broker, [queue], timeout=0.5) is None
+    assert broker.requeue_dead(queue, [dead.id]) == 1
+    again = first(broker, [queue])
+    assert again is not None and again.body == b"poison"
+    broker.ack(again)
+    assert wait_for_depth(broker, queue, lambda d: d.dead == 0).dead == 0
+
+
+def test_close_without_settling_redelivers(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    broker.publish(queue, b"x")
+    delivery = first(broker, [queue])
+    assert delivery is not None
+    broker.close()
+    other = make_broker()
+    again = first(other, [queue], timeout=10)
+    assert again is not None and again.body == b"x" and again.delivery_count == 2
+    other.ack(again)
+
+
+def test_leased_delivery_is_not_handed_out_twice(make_broker: MakeBroker, queue: str) -> None:
+    owner, rival = make_broker(lease_seconds=1.0), make_broker(lease_seconds=1.0)
+    owner.publish(queue, b"mine")
+    delivery = first(owner, [queue])
+    assert delivery is not None
+    rival_steps = rival.consume([queue], timeout=0.25)
+    for _ in range(10):  # 2.5 s, well past the 1 s lease, kept alive by heartbeats
+        owner.extend_lease(delivery)
+        assert next(rival_steps) is None, "a leased delivery was handed to a second consumer"
+    owner.ack(delivery)
+
+
+def test_wakeup_interrupts_a_blocked_consume(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    steps = broker.consume([queue], timeout=30)
+    timer = threading.Timer(0.3, broker.wakeup)
+    timer.start()
+    started = time.monotonic()
+    assert next(steps) is None
+    assert time.monotonic() - started < 5
+    timer.join()
+
+
+def test_waiting_consumer_is_woken_by_publish(make_broker: MakeBroker, queue: str) -> None:
+    consumer, producer = make_broker(), make_broker()
+    steps = consumer.consume([queue], timeout=30)
+    timer = threading.Timer(0.3, producer.publish, args=(queue, b"now"))
+    started = time.monotonic()
+    timer.start()
+    delivery = next(steps)
+    waited = time.monotonic() - started
+    timer.join()
+    assert delivery is not None and delivery.body == b"now"
+    assert waited < 2.0, f"the consumer polled instead of blocking ({waited:.2f} s)"
+    consumer.ack(delivery)
+
+
+def test_kill_9_of_a_holding_consumer_redelivers(make_broker: MakeBroker, queue: str,
+                                                 broker_url: str,
+                                                 processes: list[subprocess.Popen[bytes]]
+                                                 ) -> None:
+    broker = make_broker(lease_seconds=1.0)
+    broker.publish(queue, b"survives")
+    holder = subprocess.Popen([sys.executable, CONSUMER, "hold", broker_url, queue, "1.0"],
+                              stdout=subprocess.PIPE, env=ENV)
+    processes.append(holder)
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == b"claimed 1"
+    holder.kill()
+    holder.wait()
+    again = first(broker, [queue], timeout=15)
+    assert again is not None and again.body == b"survives" and again.delivery_count == 2
+    broker.ack(again)
+
+
+@pytest.mark.slow
+def test_racing_consumers_process_every_message_once(make_broker: MakeBroker, queue: str,
+                                                      broker_url: str, tmp_path: Path,
+                                                      processes: list[subprocess.Popen[bytes]]
+                                                      ) -> None:
+    total = 2000
+    broker = make_broker()
+    for i in range(total):
+        broker.publish(queue, str(i).encode())
+    out = tmp_path / "processed.txt"
+    for prefetch in (1, 4, 8):
+        processes.append(subprocess.Popen(
+            [sys.executable, CONSUMER, "drain", broker_url, queue, str(out), "2", str(prefetch)],
+            env=ENV))
+    for proc in processes:
+        assert proc.wait(timeout=110) == 0
+    lines = out.read_text().split()
+    bodies = Counter(lines[0::2])
+    assert len(bodies) == total, f"{total - len(bodies)} messages were never processed"
+    twice = [body for body, n in bodies.items() if n > 1]
+    assert not twice, f"claimed twice while leased: {twice[:10]}"
+    assert set(lines[1::2]) == {"1"}
+    assert broker.depth(queue) == Depth(0, 0, 0, 0)
