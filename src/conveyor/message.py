@@ -140,7 +140,8 @@ class Codec:
         try:
             fields = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise MessageError(f"message is not JSON ({exc}): was it pickled by another producer?") from None
+            raise MessageError(f"message is not JSON ({exc}): was it pickled by another "
+                               "producer?") from None
         if not isinstance(fields, dict):
             raise MessageError(f"message is JSON {type(fields).__name__}, expected an object")
         if self._key:
