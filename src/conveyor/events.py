@@ -1,0 +1,58 @@
+"""Outcome events a worker sends to a message's `reply_to` queue.
+
+The scheduler (or `conveyor enqueue --wait`) consumes them. Each names the message id, the
+attempt and the delivery it came from, so a late event from a stale attempt can be told apart
+and ignored: a transition keyed on (id, attempt) happens once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from conveyor.errors import MessageError
+
+KINDS = ("started", "heartbeat", "succeeded", "failed", "retried", "oom_killed", "timed_out",
+         "interrupted", "dead_lettered")
+#: Kinds after which the attempt is over (the message was settled one way or another).
+FINAL = frozenset({"succeeded", "dead_lettered"})
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    message_id: str
+    task: str
+    attempt: int
+    delivery: int = 0
+    at: float = field(default_factory=time.time)
+    run_id: str = ""
+    trace_id: str = ""
+    hostname: str = ""
+    pid: int = 0
+    result: Any = None
+    error: Mapping[str, str] = field(default_factory=dict)
+    reason: str = ""
+    retry_in: float = 0.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def attempt_id(self) -> str:
+        return f"{self.message_id}/{self.attempt}"
+
+    def encode(self) -> bytes:
+        return json.dumps({"v": 1, **asdict(self)}, separators=(",", ":"),
+                          default=repr).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> Event:
+        try:
+            fields = json.loads(body)
+            if fields.pop("v", None) != 1 or fields.get("kind") not in KINDS:
+                raise ValueError(f"not a version-1 event: {str(fields)[:200]}")
+            return cls(**fields)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise MessageError(f"malformed event: {exc}") from None

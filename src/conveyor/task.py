@@ -1,0 +1,118 @@
+"""Defining tasks: a decorator that registers a function under a name, with its options.
+
+    @task(queue="heavy", max_retries=3, memory_limit="2GiB", time_limit=600)
+    def clean_orders(day: str) -> int: ...
+
+    clean_orders.enqueue("2026-11-23")          # publish through the configured broker
+    clean_orders("2026-11-23")                  # still a plain function call
+
+Shell-command workloads need no registration: `Client.enqueue_command([...])`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from conveyor.config import parse_size
+from conveyor.errors import ConveyorError, UnknownTask
+from conveyor.message import Message
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Retry(ConveyorError):
+    """Raise inside a task to ask for a retry, optionally after `delay` seconds."""
+
+    def __init__(self, reason: str = "retry requested", delay: float | None = None) -> None:
+        super().__init__(reason)
+        self.delay = delay
+
+
+class SoftTimeLimitExceeded(ConveyorError):
+    """Raised inside a task when its soft time limit passes; clean up and return or raise."""
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Per-task policy. Zero limits mean "use the worker's default"."""
+
+    name: str
+    queue: str = "default"
+    max_retries: int = 3
+    retry_backoff: float = 1.0
+    retry_backoff_max: float = 300.0
+    time_limit: float = 0.0
+    soft_time_limit: float = 0.0
+    memory_limit: int = 0
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Task(Generic[P, R]):
+    fn: Callable[P, R]
+    options: TaskOptions
+    _client: list[Any] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.options.name
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def message(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+                **fields: Any) -> Message:
+        """The message that runs this task with these arguments and the task's options."""
+        o = self.options
+        base = Message(queue=o.queue, task=o.name, args=tuple(args), kwargs=dict(kwargs or {}),
+                       priority=o.priority, time_limit=o.time_limit,
+                       soft_time_limit=o.soft_time_limit, memory_limit=o.memory_limit,
+                       max_retries=o.max_retries)
+        return replace(base, **fields)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Message:
+        """Publish a run of this task through the default client (CONVEYOR_* settings)."""
+        from conveyor.client import default_client
+        return default_client().enqueue(self.message(args, kwargs))
+
+    def enqueue_with(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+                     *, delay: float = 0.0, **fields: Any) -> Message:
+        """Publish with message fields overridden (queue, reply_to, run_id, priority...)."""
+        from conveyor.client import default_client
+        return default_client().enqueue(self.message(args, kwargs, **fields), delay=delay)
+
+
+REGISTRY: dict[str, Task[Any, Any]] = {}
+
+
+def task(fn: Callable[P, R] | None = None, *, name: str | None = None, queue: str = "default",
+         max_retries: int = 3, retry_backoff: float = 1.0, retry_backoff_max: float = 300.0,
+         time_limit: float = 0.0, soft_time_limit: float = 0.0, memory_limit: int | str = 0,
+         priority: int = 0) -> Any:
+    """Register `fn` as a task (usable bare, `@task`, or with options, `@task(queue=...)`)."""
+
+    def register(f: Callable[P, R]) -> Task[P, R]:
+        options = TaskOptions(
+            name=name or f"{f.__module__}.{f.__qualname__}", queue=queue,
+            max_retries=max_retries, retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max, time_limit=time_limit,
+            soft_time_limit=soft_time_limit,
+            memory_limit=parse_size(memory_limit, "memory_limit"), priority=priority)
+        registered: Task[P, R] = Task(f, options)
+        REGISTRY[options.name] = registered
+        return registered
+
+    return register(fn) if fn is not None else register
+
+
+def lookup(name: str) -> Task[Any, Any]:
+    """The registered task called `name`, or UnknownTask naming what is registered."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(REGISTRY)[:20]) or "none"
+        raise UnknownTask(f"no task named {name!r} is registered in this worker (known: "
+                          f"{known}); is its module passed with --app?") from None
