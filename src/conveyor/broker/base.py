@@ -89,6 +89,7 @@ class Broker(abc.ABC):
         self._outstanding = 0
         self._outstanding_lock = threading.Lock()
         self._interrupted = threading.Event()
+        self._paused = False
 
     # -- the seam -----------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class Broker(abc.ABC):
         while True:
             deadline = time.monotonic() + timeout
             while not buffered:
-                if self.outstanding < prefetch:
+                if self.outstanding < prefetch and not self._paused:
                     buffered = self._claim(queues, prefetch - self.outstanding)
                     if buffered:
                         break
@@ -124,6 +125,11 @@ class Broker(abc.ABC):
                 yield buffered.pop(0)
             else:
                 yield None
+
+    def pause(self) -> None:
+        """Stop claiming new deliveries (a draining worker); held ones stay ours to settle."""
+        self._paused = True
+        self.wakeup()
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
         """Hook: subscribe, declare, or listen before the first claim."""
