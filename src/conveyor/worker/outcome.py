@@ -1,0 +1,123 @@
+"""What happened to a task run, and what to do with its message: two pure functions.
+
+`classify` turns the facts the supervisor gathered (the runner's own report, its exit
+status, the cgroup's OOM counter, which time limit fired) into exactly one `Outcome`.
+`decide` turns an outcome plus the message's budgets into one broker `Action`. Both are pure
+so every rule is table-tested without forking anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from conveyor.retry import backoff_delay
+
+Kind = Literal["succeeded", "failed", "oom_killed", "timed_out", "killed", "lost",
+               "interrupted", "retry_requested"]
+#: Outcomes that spend the task's retry budget (a fault of the task itself).
+FAULTS = frozenset({"failed", "oom_killed", "timed_out", "killed", "lost", "retry_requested"})
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the supervisor knows once a runner has exited."""
+
+    report: Mapping[str, Any] | None  # the runner's last frame, None if it sent none
+    exit_status: int | None  # os.waitpid status, None if unknown (runner vanished)
+    oom_killed: bool = False
+    hard_timed_out: bool = False
+    interrupted: bool = False  # the worker killed it while shutting down
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Kind
+    result: Any = None
+    error: Mapping[str, str] = field(default_factory=dict)
+    reason: str = ""
+    retry_delay: float | None = None  # a task's own Retry(delay=...)
+
+
+def classify(facts: Facts) -> Outcome:
+    """Exactly one outcome; the cgroup's OOM counter beats any guess from a signal."""
+    report = facts.report or {}
+    if facts.interrupted:
+        return Outcome("interrupted", reason="the worker stopped before the task finished")
+    if facts.oom_killed:
+        return Outcome("oom_killed", reason="killed by the kernel: over its memory cap")
+    if facts.hard_timed_out:
+        return Outcome("timed_out", reason="hard time limit passed: killed")
+    kind = report.get("outcome")
+    if kind == "succeeded" and _exited_cleanly(facts.exit_status):
+        return Outcome("succeeded", result=report.get("result"))
+    if kind in ("failed", "timed_out", "retry_requested"):
+        return Outcome(kind, error=report.get("error", {}), reason=report.get("reason", ""),
+                       retry_delay=report.get("retry_delay"))
+    return _from_exit_status(facts.exit_status)
+
+
+def _exited_cleanly(status: int | None) -> bool:
+    return status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _from_exit_status(status: int | None) -> Outcome:
+    if status is None:
+        return Outcome("lost", reason="the runner vanished without an exit status")
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        return Outcome("killed", reason=f"runner killed by {name} before reporting")
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    return Outcome("failed", reason=f"runner exited with code {code} before reporting",
+                   error={"type": "RunnerExit", "message": f"exit code {code}"})
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many tries a message gets, by kind of failure."""
+
+    max_retries: int = 3  # task faults (including OOM kills) before dead-lettering
+    max_deliveries: int = 20  # interruptions and lost workers, counted by the broker
+    backoff: float = 1.0
+    backoff_max: float = 300.0
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: Literal["ack", "retry", "requeue", "dead_letter"]
+    delay: float = 0.0
+    reason: str = ""
+
+
+def decide(outcome: Outcome, attempt: int, budget: Budget, report_only: bool = False) -> Action:
+    """Ack success; retry faults with backoff until the budget is spent, then dead-letter.
+
+    Interruptions are requeued without spending the retry budget (the broker's delivery
+    count bounds them). With `report_only` (the scheduler owns retries) a final failure is
+    acked after it is reported, never retried or dead-lettered here.
+    """
+    if outcome.kind == "succeeded":
+        return Action("ack")
+    if outcome.kind == "interrupted":
+        return Action("requeue", reason=outcome.reason)
+    reason = f"{outcome.kind}: {outcome.reason or outcome.error.get('message', '')}".rstrip(": ")
+    if report_only:
+        return Action("ack", reason=reason)
+    if attempt > budget.max_retries:
+        return Action("dead_letter", reason=f"{reason} (attempt {attempt} of "
+                                            f"{budget.max_retries + 1}, budget spent)")
+    delay = outcome.retry_delay
+    if delay is None:
+        delay = backoff_delay(attempt, budget.backoff, budget.backoff_max)
+    return Action("retry", delay=delay, reason=reason)
+
+
+def over_delivery_cap(delivery_count: int, budget: Budget) -> Action | None:
+    """A message delivered more often than the cap (crash loops) goes to the dead letters."""
+    if delivery_count > budget.max_deliveries:
+        return Action("dead_letter", reason=f"delivered {delivery_count} times without an "
+                      f"outcome (cap {budget.max_deliveries}): workers keep dying on it")
+    return None
