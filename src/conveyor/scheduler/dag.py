@@ -1,0 +1,294 @@
+"""DAGs: tasks, the order between them, and how each one runs, declared in plain Python.
+
+    from conveyor.scheduler import DAG
+    from billing.tasks import extract_orders, clean_orders    # @task-registered functions
+
+    dag = DAG("revenue", schedule="0 3 * * *", retries=2, retry_delay=5)
+    orders = dag.task(extract_orders)
+    clean = dag.task(clean_orders, queue="heavy", memory_limit="2GiB")
+    report = dag.command("report", ["sh", "-c", "echo done"])
+    orders >> clean >> report                                   # or [a, b] >> c, a >> [b, c]
+
+A task's options come in layers, the later winning: built-in defaults, then the registered
+task's own options (`@task(queue=..., max_retries=...)`), then the DAG's keyword defaults,
+then the keywords given to `dag.task`. Each declaration remembers its file and line, so a
+DAG that cannot run says where to look.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from conveyor.config import parse_size
+from conveyor.errors import ConveyorError
+from conveyor.scheduler import cron
+from conveyor.scheduler.errors import DagError, Location
+from conveyor.task import Task
+
+_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$")
+_PACKAGE_DIR = str(Path(__file__).parent)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How one task runs and is retried. Zero limits mean "the executor's default"."""
+
+    executor: str = ""          # "" = the scheduler's first configured executor
+    queue: str = "default"
+    retries: int = 0
+    retry_delay: float = 1.0    # first retry after ~this many seconds, doubling each time
+    retry_max_delay: float = 300.0
+    retry_jitter: bool = True
+    time_limit: float = 0.0
+    memory_limit: int = 0
+    priority: int = 0
+    queued_timeout: float = 600.0
+    heartbeat_timeout: float = 300.0
+    executor_config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retries + 1
+
+
+OPTION_NAMES = tuple(f.name for f in fields(Options))
+
+
+def caller_location() -> Location:
+    """The first stack frame outside this package: the line of the DAG file being run."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    return Location(frame.f_code.co_filename, frame.f_lineno)
+
+
+def checked_options(base: Options, given: Mapping[str, Any], where: Location) -> Options:
+    """`base` with `given` applied, each value checked; errors name the declaring line."""
+    unknown = sorted(set(given) - set(OPTION_NAMES))
+    if unknown:
+        raise DagError(where, f"unknown task option(s) {', '.join(unknown)}: the options are "
+                              f"{', '.join(OPTION_NAMES)}")
+    values = dict(given)
+    try:
+        if "memory_limit" in values:
+            values["memory_limit"] = parse_size(values["memory_limit"], "memory_limit")
+        options = replace(base, **values)
+    except (ConveyorError, TypeError) as exc:
+        raise DagError(where, str(exc)) from None
+    _check_ranges(options, where)
+    return options
+
+
+def _check_ranges(o: Options, where: Location) -> None:
+    bad = [name for name, ok in (
+        ("retries", isinstance(o.retries, int) and o.retries >= 0),
+        ("retry_delay", o.retry_delay >= 0), ("retry_max_delay", o.retry_max_delay >= 0),
+        ("time_limit", o.time_limit >= 0), ("memory_limit", o.memory_limit >= 0),
+        ("queued_timeout", o.queued_timeout > 0),
+        ("heartbeat_timeout", o.heartbeat_timeout > 0),
+    ) if not ok]
+    if bad:
+        raise DagError(where, f"option(s) {', '.join(bad)} out of range: retries and limits "
+                              "must be >= 0, timeouts > 0")
+
+
+def _task_layer(task: Task[Any, Any]) -> dict[str, Any]:
+    """The options a registered task brings with it (`@task(...)`)."""
+    o = task.options
+    return {"queue": o.queue, "retries": max(0, o.max_retries), "retry_delay": o.retry_backoff,
+            "retry_max_delay": o.retry_backoff_max, "time_limit": o.time_limit,
+            "memory_limit": o.memory_limit, "priority": o.priority}
+
+
+@dataclass(eq=False)
+class TaskNode:
+    """One task of a DAG: what runs (a registered task or a command) and its options."""
+
+    dag: DAG
+    id: str
+    task: str
+    command: tuple[str, ...]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    options: Options
+    location: Location
+    #: upstream task id -> (the node if declared with `>>`, where the edge was declared)
+    upstream: dict[str, tuple[TaskNode | None, Location]] = field(default_factory=dict)
+
+    def __rshift__(self, other: TaskNode | Sequence[TaskNode]) -> Any:
+        for node in _nodes(other):
+            node.add_upstream(self, caller_location())
+        return other
+
+    def __lshift__(self, other: TaskNode | Sequence[TaskNode]) -> Any:
+        for node in _nodes(other):
+            self.add_upstream(node, caller_location())
+        return other
+
+    def __rrshift__(self, other: Sequence[TaskNode]) -> TaskNode:  # [a, b] >> self
+        self << other
+        return self
+
+    def __rlshift__(self, other: Sequence[TaskNode]) -> TaskNode:  # [a, b] << self
+        self >> other
+        return self
+
+    def add_upstream(self, node: TaskNode | str, where: Location) -> None:
+        """Make this task wait for `node` (a node, or a task id of the same DAG)."""
+        if isinstance(node, str):
+            self.upstream[node] = (None, where)
+        else:
+            self.upstream[node.id] = (node, where)
+
+    def spec(self) -> dict[str, Any]:
+        """What a task instance needs to run and be retried, as JSON-ready data."""
+        o = self.options
+        return {"task": self.task, "command": list(self.command), "args": list(self.args),
+                "kwargs": dict(self.kwargs), "time_limit": o.time_limit,
+                "memory_limit": o.memory_limit, "retry_delay": o.retry_delay,
+                "retry_max_delay": o.retry_max_delay, "retry_jitter": o.retry_jitter,
+                "executor_config": dict(o.executor_config)}
+
+
+def _nodes(other: TaskNode | Sequence[TaskNode]) -> list[TaskNode]:
+    items = [other] if isinstance(other, TaskNode) else list(other)
+    for item in items:
+        if not isinstance(item, TaskNode):
+            raise DagError(caller_location(), f"cannot order a task after {item!r}: use tasks "
+                                              "returned by dag.task() or dag.command()")
+    return items
+
+
+class DAG:
+    """A named set of tasks with dependencies, optionally run on a cron schedule."""
+
+    def __init__(self, dag_id: str, *, schedule: str | None = None, timezone: str = "UTC",
+                 description: str = "", **defaults: Any) -> None:
+        self.location = caller_location()
+        if not isinstance(dag_id, str) or not _ID.match(dag_id):
+            raise DagError(self.location, f"DAG id {dag_id!r} must be 1-200 letters, digits, "
+                                          "'_', '.' or '-'")
+        if schedule is not None and (why := cron.problem(schedule, timezone)):
+            raise DagError(self.location, f"DAG {dag_id!r}: {why}")
+        self.dag_id = dag_id
+        self.schedule = schedule
+        self.timezone = timezone
+        self.description = description
+        checked_options(Options(), defaults, self.location)
+        self.defaults = dict(defaults)
+        self.tasks: dict[str, TaskNode] = {}
+        self.version = ""   # set by the loader: a hash of the DAG file's source
+        self.file = self.location.file
+
+    def __repr__(self) -> str:
+        return f"DAG({self.dag_id!r}, tasks={len(self.tasks)})"
+
+    def task(self, task: Task[Any, Any] | str, *, id: str | None = None,
+             args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+             upstream: Sequence[TaskNode | str] = (), **options: Any) -> TaskNode:
+        """Add a run of a registered task (the `@task` object, or its name as a string)."""
+        where = caller_location()
+        if isinstance(task, Task):
+            name, default_id, layer = task.name, task.fn.__name__, _task_layer(task)
+        elif isinstance(task, str) and task:
+            name, default_id, layer = task, task.rsplit(".", 1)[-1], {}
+        else:
+            raise DagError(where, f"{task!r} is not a registered task: decorate the function "
+                                  "with @conveyor.task.task, or pass the task's name")
+        base = checked_options(Options(), layer, where)
+        return self._add(id or default_id, name, (), args, kwargs, upstream, base, options, where)
+
+    def command(self, id: str, command: Sequence[str], *,
+                upstream: Sequence[TaskNode | str] = (), **options: Any) -> TaskNode:
+        """Add a shell-command task: `command` is exec'd (no shell unless you call one)."""
+        where = caller_location()
+        if isinstance(command, str) or not command or not all(
+                isinstance(part, str) for part in command):
+            raise DagError(where, f"task {id!r}: command must be a non-empty list of strings, "
+                                  f"e.g. ['sh', '-c', 'echo hi'] (got {command!r})")
+        return self._add(id, "", tuple(command), (), None, upstream, Options(), options, where)
+
+    def _add(self, task_id: str, name: str, command: tuple[str, ...], args: Sequence[Any],
+             kwargs: Mapping[str, Any] | None, upstream: Sequence[TaskNode | str],
+             base: Options, options: Mapping[str, Any], where: Location) -> TaskNode:
+        if not isinstance(task_id, str) or not _ID.match(task_id):
+            raise DagError(where, f"task id {task_id!r} must be 1-200 letters, digits, '_', '.' "
+                                  "or '-'")
+        if task_id in self.tasks:
+            raise DagError(where, f"DAG {self.dag_id!r} already has a task {task_id!r} (declared "
+                                  f"at {self.tasks[task_id].location}): give this one id=...")
+        merged = checked_options(checked_options(base, self.defaults, self.location),
+                                 options, where)
+        node = TaskNode(self, task_id, name, command, tuple(args), dict(kwargs or {}), merged,
+                        where)
+        for parent in upstream:
+            node.add_upstream(parent, where)
+        self.tasks[task_id] = node
+        return node
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def validate(self, executors: Sequence[str] = ()) -> None:
+        """Raise DagError for a missing dependency, a cycle, or an unconfigured executor."""
+        if not self.tasks:
+            raise DagError(self.location, f"DAG {self.dag_id!r} has no tasks: add some with "
+                                          "dag.task(...) or dag.command(...)")
+        for node in self.tasks.values():
+            self._check_upstream(node)
+            if executors and node.options.executor and node.options.executor not in executors:
+                raise DagError(node.location, (
+                    f"task {node.id!r} of DAG {self.dag_id!r} uses executor "
+                    f"{node.options.executor!r}, which this scheduler does not have "
+                    f"(configured: {', '.join(executors)}): add it to --executors "
+                    "(CONVEYOR_EXECUTORS) or change the task's executor"))
+        self.order()
+
+    def _check_upstream(self, node: TaskNode) -> None:
+        for parent_id, (parent, where) in node.upstream.items():
+            known = self.tasks.get(parent_id)
+            if known is None or (parent is not None and parent is not known):
+                owner = f" (it belongs to DAG {parent.dag.dag_id!r})" if parent else ""
+                raise DagError(where, (
+                    f"task {node.id!r} of DAG {self.dag_id!r} depends on {parent_id!r}, which "
+                    f"is not a task of this DAG{owner}; its tasks are: "
+                    f"{', '.join(sorted(self.tasks)) or 'none'}"))
+
+    def order(self) -> list[str]:
+        """Task ids, parents before children (Kahn); DagError naming a cycle if there is one."""
+        waiting = {task_id: len(node.upstream) for task_id, node in self.tasks.items()}
+        children: dict[str, list[str]] = {task_id: [] for task_id in self.tasks}
+        for parent, child in self.edges():
+            children[parent].append(child)
+        ready = [task_id for task_id, count in waiting.items() if count == 0]
+        result: list[str] = []
+        while ready:
+            task_id = ready.pop()
+            result.append(task_id)
+            for child in children[task_id]:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    ready.append(child)
+        if len(result) < len(self.tasks):
+            self._raise_cycle({t for t, count in waiting.items() if count > 0})
+        return result
+
+    def _raise_cycle(self, stuck: set[str]) -> None:
+        """Walk upstream inside the tasks that never became ready until one repeats."""
+        path = [min(stuck)]
+        while path.count(path[-1]) < 2:
+            path.append(min(p for p in self.tasks[path[-1]].upstream if p in stuck))
+        cycle = list(reversed(path[path.index(path[-1]):]))   # parent -> child order
+        # point at the edge declared last (the likeliest mistake)
+        where = max((self.tasks[child].upstream[parent][1] for parent, child
+                     in zip(cycle, cycle[1:], strict=False)), key=lambda loc: loc.line)
+        raise DagError(where, f"DAG {self.dag_id!r} has a cycle: {' -> '.join(cycle)}; "
+                              "remove one of these dependencies")
+
+    def edges(self) -> list[tuple[str, str]]:
+        """(upstream, downstream) pairs."""
+        return [(up, node.id) for node in self.tasks.values() for up in node.upstream]

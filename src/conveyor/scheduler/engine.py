@@ -1,0 +1,292 @@
+"""The state machine: steps that take `now`, change the store, and hand work to executors.
+
+Two entry points, both safe to run in several schedulers at once and to repeat:
+
+* `handle(event, now)`: apply a worker's (or executor's) event to its task instance. The
+  transition is one UPDATE guarded by the expected state and the attempt, made while the
+  run's row is locked, so readiness of children is judged on a consistent view of the run.
+  A success dispatches the children it made ready at once.
+* `tick(now)`: everything time decides: cron runs, queued runs to start, retries that are
+  due, queued and heartbeat timeouts, publishes never confirmed. Returns when it must run
+  again, so the daemon sleeps until then (or until an event comes).
+
+The engine never reads the clock and never sleeps; `daemon.py` is the loop around it.
+
+Task-instance states: pending -> queued -> running -> success | up_for_retry | failed;
+up_for_retry -> queued (attempt + 1); pending -> upstream_failed when a parent fails for good.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from conveyor.events import Event
+from conveyor.message import Message
+from conveyor.retry import backoff_delay
+from conveyor.scheduler import cron
+from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.errors import ExecutorError
+from conveyor.scheduler.executors import Executor, Workload, event_for
+from conveyor.scheduler.runs import create_run
+from conveyor.scheduler.store import Row, Store
+
+log = logging.getLogger("conveyor.scheduler")
+
+EVENTS_QUEUE = "conveyor.scheduler.events"
+#: Kinds that end an attempt badly; the scheduler retries it while the budget lasts.
+FAILED = frozenset({"failed", "oom_killed", "timed_out", "dead_lettered"})
+#: A publish not confirmed after this long is redone (the dispatching scheduler died).
+PUBLISH_GRACE = 60.0
+BATCH = 200
+
+
+def task_ref(event: Event) -> tuple[str, int] | None:
+    """(task-instance id, attempt) of an event, from its headers or its run id."""
+    ti, attempt = event.headers.get("ti", ""), event.headers.get("attempt", "")
+    if ti and attempt.isdigit():
+        return ti, int(attempt)
+    ti, _, attempt = event.run_id.rpartition("/")
+    return (ti, int(attempt)) if ti and attempt.isdigit() else None
+
+
+def describe(event: Event) -> str:
+    """What went wrong, one summary line first, then the traceback if there is one."""
+    parts = [event.kind, event.error.get("type", ""), event.error.get("message", "")]
+    summary = ": ".join(p for p in parts if p)
+    if event.reason and event.reason not in summary:
+        summary += f" ({event.reason})"
+    traceback = event.error.get("traceback", "")
+    return summary + (f"\n{traceback}" if traceback else "")
+
+
+def workload(ti: Row, events_queue: str) -> Workload:
+    """The message that runs this attempt of `ti`, and its executor config."""
+    spec = json.loads(ti["spec"])
+    ref = {"ti": ti["ti_id"], "attempt": str(ti["attempt"])}
+    message = Message(
+        queue=ti["queue"], task=spec["task"], command=tuple(spec["command"]),
+        args=tuple(spec["args"]), kwargs=spec["kwargs"], priority=ti["priority"],
+        attempt=ti["attempt"], time_limit=spec["time_limit"],
+        memory_limit=spec["memory_limit"], max_retries=0, reply_to=events_queue,
+        run_id=f"{ti['ti_id']}/{ti['attempt']}", trace_id=ti["run_id"],
+        headers={**ref, "settle": "report", "run": ti["run_id"], "task_id": ti["task_id"]})
+    return Workload(message, spec.get("executor_config", {}))
+
+
+class Engine:
+    """Applies events and timers to the store; see the module docstring."""
+
+    def __init__(self, store: Store, executors: Mapping[str, Executor], *,
+                 dags: Mapping[str, DAG] | None = None, events_queue: str = EVENTS_QUEUE,
+                 publish_grace: float = PUBLISH_GRACE) -> None:
+        self.store = store
+        self.executors = dict(executors)
+        self.dags = dict(dags or {})
+        self.events_queue = events_queue
+        self.publish_grace = publish_grace
+        #: Called with each new deadline written, so the daemon can wake for it.
+        self.on_deadline: Callable[[float], None] = lambda at: None
+        self.runs_finished = 0
+
+    # -- DAGs -----------------------------------------------------------------------------------
+
+    def sync_dags(self, now: float) -> None:
+        """Record the loaded DAGs (version, file, schedule, first cron tick) in the store."""
+        with self.store.transaction():
+            for dag in self.dags.values():
+                first = cron.next_tick(dag.schedule, now, dag.timezone) if dag.schedule else None
+                self.store.exec("upsert_dag", dag_id=dag.dag_id, version=dag.version,
+                                file=dag.file, schedule=dag.schedule, timezone=dag.timezone,
+                                next_tick=first, now=now)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> None:
+        """Apply one event; a duplicate, late or foreign event changes nothing."""
+        ref = task_ref(event)
+        if ref is None:
+            log.warning("event %s of message %s names no task instance: not the "
+                        "scheduler's, ignored", event.kind, event.message_id)
+            return
+        with self.store.transaction():
+            ti = self.store.one("ti", ti_id=ref[0])
+            if ti is None:
+                log.warning("event %s for unknown task instance %s: ignored", event.kind, ref[0])
+                return
+            self.store.exec("lock_run", run_id=ti["run_id"])
+            ready = self._apply(ti, ref[1], event, now)
+        self._dispatch(ready, now)
+
+    def _apply(self, ti: Row, attempt: int, event: Event, now: float) -> list[Row]:
+        kind = event.kind
+        key = {"ti_id": ti["ti_id"], "attempt": attempt, "at": event.at, "now": now}
+        if kind == "succeeded":
+            return self._succeeded(ti, key, now)
+        if kind in FAILED and not (event.retry_in > 0 and kind != "dead_lettered"):
+            self._attempt_failed(ti, key, kind, describe(event), now)
+        elif kind in FAILED or kind in ("interrupted", "retried"):
+            # the worker keeps the message (requeued or retrying it): same attempt, queued
+            self._note(now + ti["queued_timeout"])
+            self.store.exec("ti_requeued", error=describe(event), **key)
+        elif kind == "started":
+            self._note(now + ti["heartbeat_timeout"])
+            self.store.exec("ti_started", hostname=event.hostname, pid=event.pid, **key)
+        elif kind == "heartbeat":
+            self.store.exec("ti_heartbeat", **key)
+        return []
+
+    def _succeeded(self, ti: Row, key: dict[str, Any], now: float) -> list[Row]:
+        if not self.store.exec("ti_succeeded", **key):
+            return []
+        self.store.exec("record_attempt", outcome="succeeded", error=None, **key)
+        ready = self.store.rows("dispatch_ready", run_id=ti["run_id"], now=now,
+                                publish_grace=self.publish_grace)
+        self._finish(ti["run_id"], now)
+        return ready
+
+    def _attempt_failed(self, ti: Row, key: dict[str, Any], outcome: str, error: str,
+                        now: float) -> None:
+        """Up for retry while attempts remain (backoff from retry.py), else failed for good."""
+        record = {"outcome": outcome, "error": error, **key}
+        if key["attempt"] < ti["max_attempts"]:
+            due = now + retry_delay(key["attempt"], json.loads(ti["spec"]))
+            if self.store.exec("ti_up_for_retry", error=error, next_retry_at=due, **key):
+                self.store.exec("record_attempt", **record)
+                self._note(due)
+            return
+        if self.store.exec("ti_failed", error=error, **key):
+            self.store.exec("record_attempt", **record)
+            self.store.exec("upstream_failed", run_id=ti["run_id"], task_id=ti["task_id"],
+                            now=now)
+            self._finish(ti["run_id"], now)
+
+    def _finish(self, run_id: str, now: float) -> None:
+        finished = self.store.one("finish_run", run_id=run_id, now=now)
+        if finished:
+            self.runs_finished += 1
+            log.info("run %s ended %s", run_id, finished["state"])
+
+    # -- timers ---------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> float | None:
+        """Do everything due at `now`; return when something is next due (None: nothing)."""
+        self._cron(now)
+        for row in self.store.rows("due", now=now, limit=BATCH):
+            self._expire(row, now)
+        self._claim_and_dispatch("start_queued_runs", now)
+        self._claim_and_dispatch("claim_due_retries", now)
+        return self.next_due(now)
+
+    def next_due(self, now: float) -> float | None:
+        """The earliest deadline or cron tick this scheduler acts on."""
+        found = self.store.one("next_deadline")
+        times = [found["at"]] if found and found["at"] is not None else []
+        times += [row["next_tick"] for row in self.store.rows("dags")
+                  if row["dag_id"] in self.dags and row["next_tick"] is not None]
+        return min(times, default=None)
+
+    def _cron(self, now: float) -> None:
+        """Create the run of every scheduled DAG whose tick passed (the latest tick only:
+        a scheduler that was down does not replay every missed one)."""
+        for row in self.store.rows("dags"):
+            dag = self.dags.get(row["dag_id"])
+            if dag is None or not dag.schedule or not row["next_tick"] or row["next_tick"] > now:
+                continue
+            logical = max(row["next_tick"], cron.latest_tick(dag.schedule, now, dag.timezone))
+            following = cron.next_tick(dag.schedule, now, dag.timezone)
+            with self.store.transaction():
+                if self.store.exec("advance_tick", dag_id=dag.dag_id, next_tick=following,
+                                   expected=row["next_tick"]):
+                    create_run(self.store, dag, now, executors=list(self.executors),
+                               logical_date=logical, run_type="scheduled")
+
+    def _claim_and_dispatch(self, claim: str, now: float) -> None:
+        """Start queued runs, or re-queue due retries, a batch at a time."""
+        while True:
+            with self.store.transaction():
+                claimed = self.store.rows(claim, now=now, limit=BATCH,
+                                          publish_grace=self.publish_grace)
+                ready = claimed
+                if claim == "start_queued_runs":   # a started run dispatches its roots
+                    ready = [ti for run in claimed for ti in self.store.rows(
+                        "dispatch_ready", run_id=run["run_id"], now=now,
+                        publish_grace=self.publish_grace)]
+            self._dispatch(ready, now)
+            if len(claimed) < BATCH:
+                return
+
+    def _expire(self, due: Row, now: float) -> None:
+        """A queued or running task instance whose deadline passed (checked again under the
+        run lock: an event may have moved it meanwhile)."""
+        with self.store.transaction():
+            self.store.exec("lock_run", run_id=due["run_id"])
+            ti = self.store.one("still_due", ti_id=due["ti_id"], attempt=due["attempt"],
+                                state=due["state"], now=now)
+            republish: list[Row] = []
+            if ti is not None and ti["state"] == "queued" and ti["published_at"] is None:
+                republish = self.store.rows("claim_unpublished", ti_id=ti["ti_id"], now=now,
+                                            attempt=ti["attempt"],
+                                            publish_grace=self.publish_grace)
+            elif ti is not None:
+                outcome, error = timeout_reason(ti, now)
+                key = {"ti_id": ti["ti_id"], "attempt": ti["attempt"], "at": now, "now": now}
+                self._attempt_failed(ti, key, outcome, error, now)
+        self._dispatch(republish, now)
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def _dispatch(self, tis: Sequence[Row], now: float) -> None:
+        """Hand each newly queued task instance to its executor, then record the publish."""
+        published = []
+        for ti in sorted(tis, key=lambda t: (-t["priority"], t["position"])):
+            work = workload(ti, self.events_queue)
+            executor = self.executors.get(ti["executor"])
+            try:
+                if executor is None:
+                    raise ExecutorError(f"executor {ti['executor']!r} is not configured on "
+                                        f"this scheduler (it has {', '.join(self.executors)})")
+                executor.submit(work)
+            except ExecutorError as exc:
+                self.handle(event_for(work.message, "failed", reason=str(exc), error={
+                    "type": "ExecutorError", "message": str(exc)}), now)
+                continue
+            published.append(ti)
+        if published:
+            with self.store.transaction():
+                for ti in published:
+                    self.store.exec("mark_published", ti_id=ti["ti_id"], attempt=ti["attempt"],
+                                    now=now)
+            self._note(now + min(ti["queued_timeout"] for ti in published))
+
+    def _note(self, deadline: float) -> None:
+        self.on_deadline(deadline)
+
+
+def retry_delay(attempt: int, spec: Mapping[str, Any]) -> float:
+    """Seconds before retry number `attempt`: `retry.backoff_delay`, computed in units of
+    the task's base delay (the same distribution; a base of 1 keeps tenacity 9 from warning
+    that `initial`, which backoff_delay passes for other bases, is deprecated)."""
+    base = float(spec["retry_delay"])
+    if base <= 0:
+        return 0.0
+    return base * backoff_delay(attempt, 1.0, spec["retry_max_delay"] / base,
+                                spec["retry_jitter"])
+
+
+def timeout_reason(ti: Row, now: float) -> tuple[str, str]:
+    """(outcome, error) for a task instance whose queued or heartbeat deadline passed."""
+    if ti["state"] == "queued":
+        waited = now - (now if ti["queued_at"] is None else ti["queued_at"])
+        return "queued_timeout", (
+            f"queued_timeout: queued for {waited:.0f} s on {ti['executor']} "
+            f"(queue {ti['queue']!r}) without starting (limit {ti['queued_timeout']:g} s): "
+            "are workers consuming that queue, with free slots?")
+    last = ti["heartbeat_at"] if ti["heartbeat_at"] is not None else ti["started_at"]
+    silent = now - (now if last is None else last)
+    where = f"{ti['hostname'] or '?'} pid {ti['pid'] or '?'}"
+    return "heartbeat_timeout", (
+        f"heartbeat_timeout: no heartbeat for {silent:.0f} s from the attempt running on "
+        f"{where} (limit {ti['heartbeat_timeout']:g} s): the worker died or hung")

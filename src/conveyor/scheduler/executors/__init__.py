@@ -1,0 +1,59 @@
+"""Executors: where a task instance's attempt runs. Several at once (Airflow AIP-61).
+
+The scheduler is configured with a list of executor names, the first the default; a DAG or a
+task may name another (`executor="local"`). Every executor takes a `Workload` (the message
+that runs the attempt, and the task's `executor_config`) and makes sure the attempt's outcome
+comes back as `conveyor.events.Event`s: the queue executor's workers publish them to the
+scheduler's events queue; executors that watch the work themselves (local, kubernetes) hand
+them to the `report` callback they are started with.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.events import Event
+from conveyor.message import Message
+
+Report = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One attempt of one task instance, ready to run."""
+
+    message: Message
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Executor(abc.ABC):
+    """Starts attempts; outcomes come back as events, never as return values."""
+
+    name = ""
+
+    def start(self, report: Report) -> None:
+        """Begin background work (watchers); events for attempts go to `report`."""
+        self._report = report
+
+    @abc.abstractmethod
+    def submit(self, workload: Workload) -> None:
+        """Start the attempt. ExecutorError if it can never run; other errors stop the
+        scheduler (the attempt is republished after a restart)."""
+
+    def check(self) -> None:
+        """Raise if a background part died: the scheduler stops rather than limp along."""
+        return None
+
+    def close(self) -> None:
+        """Stop background work and release connections."""
+        return None
+
+
+def event_for(message: Message, kind: str, **fields: Any) -> Event:
+    """An outcome event about `message`, shaped as a worker would send it."""
+    return Event(kind=kind, message_id=message.id, task=message.label,
+                 attempt=message.attempt, run_id=message.run_id, trace_id=message.trace_id,
+                 headers=dict(message.headers), **fields)

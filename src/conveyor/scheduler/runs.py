@@ -1,0 +1,71 @@
+"""Turning a DAG into a run: one row for the run, a task instance per task, and the edges.
+
+A run is a snapshot: each task instance carries its own spec (what to run, limits, retry
+policy) and the run keeps the DAG's version, so editing a DAG file never changes a run that
+has started. Runs are unique per (DAG, logical date): a cron tick seen by two schedulers, or
+by one that restarted, inserts one run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from conveyor.message import new_id
+from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.errors import RunError
+from conveyor.scheduler.store import Store
+
+
+def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
+               conf: Mapping[str, Any] | None = None, logical_date: float | None = None,
+               run_type: str = "manual") -> str | None:
+    """Insert a queued run of `dag`; its id, or None if (DAG, logical date) already exists.
+
+    The scheduler starts queued runs on its next tick (`Engine.tick`).
+    """
+    if not executors:
+        raise RunError("no executor is configured: set --executors (CONVEYOR_EXECUTORS)")
+    run_id = new_id(now)
+    with store.transaction():
+        inserted = store.exec("insert_run", run_id=run_id, dag_id=dag.dag_id,
+                              logical_date=now if logical_date is None else logical_date,
+                              run_type=run_type, conf=json.dumps(dict(conf or {})),
+                              dag_version=dag.version or "unversioned", now=now)
+        if not inserted:
+            return None
+        for position, task_id in enumerate(dag.order()):
+            node = dag.tasks[task_id]
+            o = node.options
+            store.exec("insert_ti", ti_id=new_id(now), run_id=run_id, task_id=task_id,
+                       position=position, max_attempts=o.max_attempts,
+                       executor=o.executor or executors[0], queue=o.queue,
+                       priority=o.priority, spec=json.dumps(node.spec()),
+                       queued_timeout=o.queued_timeout, heartbeat_timeout=o.heartbeat_timeout)
+        for upstream, downstream in dag.edges():
+            store.exec("insert_edge", run_id=run_id, upstream=upstream, downstream=downstream)
+    return run_id
+
+
+def trigger(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
+            conf: Mapping[str, Any] | None = None, logical_date: float | None = None,
+            run_type: str = "manual") -> str:
+    """Like `create_run`, but a run that already exists for the date is an error to show."""
+    run_id = create_run(store, dag, now, executors=executors, conf=conf,
+                        logical_date=logical_date, run_type=run_type)
+    if run_id is None:
+        date = now if logical_date is None else logical_date
+        existing = store.one("run_by_date", dag_id=dag.dag_id, logical_date=date)
+        raise RunError(f"DAG {dag.dag_id!r} already has a run for {iso(date)} "
+                       f"({existing['run_id'] if existing else '?'}): pass another "
+                       "--logical-date")
+    return run_id
+
+
+def iso(ts: float | None) -> str:
+    """Unix seconds as an ISO-8601 UTC time, for people."""
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")

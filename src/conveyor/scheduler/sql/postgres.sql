@@ -1,0 +1,272 @@
+-- Named queries of the scheduler's state store on PostgreSQL (psycopg 3).
+-- The same queries as sqlite.sql; where they differ, Postgres takes row locks: a run row is
+-- locked (FOR UPDATE) while an event of that run is applied, and batch claims skip rows
+-- another scheduler holds (FOR UPDATE SKIP LOCKED), so several schedulers share the work.
+-- Times are Unix seconds passed in by the caller, never read from the database clock.
+-- Every task-instance transition is one UPDATE guarded by the state(s) it leaves and the
+-- attempt it belongs to: a duplicate or late event changes nothing (rowcount 0).
+-- `deadline` is when the scheduler must look at a task instance again (a retry is due, a
+-- queued or heartbeat timeout expires, a publish was never confirmed); one index finds them.
+
+-- name: schema_table
+CREATE TABLE IF NOT EXISTS conveyor_schema (version INTEGER NOT NULL);
+
+-- name: schema_version
+SELECT COALESCE(MAX(version), 0) AS version FROM conveyor_schema;
+
+-- name: set_schema_version
+INSERT INTO conveyor_schema (version) VALUES (%(version)s);
+
+-- name: lock_schema
+SELECT pg_advisory_xact_lock(7306541717);
+
+-- name: migration_0001
+CREATE TABLE conveyor_dags (
+    dag_id       TEXT PRIMARY KEY,
+    version      TEXT NOT NULL,
+    file         TEXT NOT NULL,
+    schedule     TEXT,
+    timezone     TEXT NOT NULL,
+    next_tick    DOUBLE PRECISION,
+    updated_at   DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE conveyor_runs (
+    run_id       TEXT PRIMARY KEY,
+    dag_id       TEXT NOT NULL,
+    logical_date DOUBLE PRECISION NOT NULL,
+    state        TEXT NOT NULL,
+    run_type     TEXT NOT NULL,
+    conf         TEXT NOT NULL,
+    dag_version  TEXT NOT NULL,
+    created_at   DOUBLE PRECISION NOT NULL,
+    started_at   DOUBLE PRECISION,
+    ended_at     DOUBLE PRECISION,
+    UNIQUE (dag_id, logical_date)
+);
+CREATE INDEX conveyor_runs_active ON conveyor_runs (state) WHERE state IN ('queued', 'running');
+CREATE INDEX conveyor_runs_dag ON conveyor_runs (dag_id, logical_date);
+CREATE TABLE conveyor_task_instances (
+    ti_id             TEXT PRIMARY KEY,
+    run_id            TEXT NOT NULL REFERENCES conveyor_runs (run_id) ON DELETE CASCADE,
+    task_id           TEXT NOT NULL,
+    position          INTEGER NOT NULL,
+    state             TEXT NOT NULL,
+    attempt           INTEGER NOT NULL,
+    max_attempts      INTEGER NOT NULL,
+    executor          TEXT NOT NULL,
+    queue             TEXT NOT NULL,
+    priority          INTEGER NOT NULL,
+    spec              TEXT NOT NULL,
+    queued_timeout    DOUBLE PRECISION NOT NULL,
+    heartbeat_timeout DOUBLE PRECISION NOT NULL,
+    queued_at         DOUBLE PRECISION,
+    published_at      DOUBLE PRECISION,
+    started_at        DOUBLE PRECISION,
+    heartbeat_at      DOUBLE PRECISION,
+    ended_at          DOUBLE PRECISION,
+    next_retry_at     DOUBLE PRECISION,
+    deadline          DOUBLE PRECISION,
+    error             TEXT,
+    hostname          TEXT,
+    pid               INTEGER,
+    UNIQUE (run_id, task_id)
+);
+CREATE INDEX conveyor_ti_deadline ON conveyor_task_instances (deadline)
+    WHERE deadline IS NOT NULL;
+CREATE TABLE conveyor_edges (
+    run_id       TEXT NOT NULL REFERENCES conveyor_runs (run_id) ON DELETE CASCADE,
+    upstream     TEXT NOT NULL,
+    downstream   TEXT NOT NULL,
+    PRIMARY KEY (run_id, downstream, upstream)
+);
+CREATE INDEX conveyor_edges_upstream ON conveyor_edges (run_id, upstream);
+CREATE TABLE conveyor_attempts (
+    ti_id        TEXT NOT NULL REFERENCES conveyor_task_instances (ti_id) ON DELETE CASCADE,
+    attempt      INTEGER NOT NULL,
+    outcome      TEXT NOT NULL,
+    queued_at    DOUBLE PRECISION,
+    started_at   DOUBLE PRECISION,
+    ended_at     DOUBLE PRECISION,
+    hostname     TEXT,
+    pid          INTEGER,
+    error        TEXT,
+    PRIMARY KEY (ti_id, attempt)
+);
+
+-- name: upsert_dag
+INSERT INTO conveyor_dags (dag_id, version, file, schedule, timezone, next_tick, updated_at)
+VALUES (%(dag_id)s, %(version)s, %(file)s, %(schedule)s, %(timezone)s, %(next_tick)s, %(now)s)
+ON CONFLICT (dag_id) DO UPDATE
+   SET version = excluded.version, file = excluded.file, timezone = excluded.timezone,
+       updated_at = excluded.updated_at,
+       next_tick = CASE WHEN conveyor_dags.schedule IS NOT DISTINCT FROM excluded.schedule
+                         AND conveyor_dags.timezone = excluded.timezone
+                        THEN conveyor_dags.next_tick ELSE excluded.next_tick END,
+       schedule = excluded.schedule;
+
+-- name: dags
+SELECT * FROM conveyor_dags ORDER BY dag_id;
+
+-- name: advance_tick
+UPDATE conveyor_dags SET next_tick = %(next_tick)s
+ WHERE dag_id = %(dag_id)s AND next_tick = %(expected)s;
+
+-- name: insert_run
+INSERT INTO conveyor_runs (run_id, dag_id, logical_date, state, run_type, conf, dag_version,
+                           created_at)
+VALUES (%(run_id)s, %(dag_id)s, %(logical_date)s, 'queued', %(run_type)s, %(conf)s,
+        %(dag_version)s, %(now)s)
+ON CONFLICT (dag_id, logical_date) DO NOTHING;
+
+-- name: insert_ti
+INSERT INTO conveyor_task_instances (ti_id, run_id, task_id, position, state, attempt,
+                                     max_attempts, executor, queue, priority, spec,
+                                     queued_timeout, heartbeat_timeout)
+VALUES (%(ti_id)s, %(run_id)s, %(task_id)s, %(position)s, 'pending', 0, %(max_attempts)s,
+        %(executor)s, %(queue)s, %(priority)s, %(spec)s, %(queued_timeout)s, %(heartbeat_timeout)s);
+
+-- name: insert_edge
+INSERT INTO conveyor_edges (run_id, upstream, downstream)
+VALUES (%(run_id)s, %(upstream)s, %(downstream)s);
+
+-- name: run
+SELECT * FROM conveyor_runs WHERE run_id = %(run_id)s;
+
+-- name: run_by_date
+SELECT * FROM conveyor_runs WHERE dag_id = %(dag_id)s AND logical_date = %(logical_date)s;
+
+-- name: last_runs
+SELECT r.* FROM conveyor_runs r
+  JOIN (SELECT dag_id, MAX(logical_date) AS logical_date FROM conveyor_runs GROUP BY dag_id) l
+    ON l.dag_id = r.dag_id AND l.logical_date = r.logical_date;
+
+-- name: active_runs
+SELECT COUNT(*) AS n FROM conveyor_runs WHERE state IN ('queued', 'running');
+
+-- name: run_tis
+SELECT * FROM conveyor_task_instances WHERE run_id = %(run_id)s ORDER BY position;
+
+-- name: run_attempts
+SELECT a.* FROM conveyor_attempts a JOIN conveyor_task_instances t ON t.ti_id = a.ti_id
+ WHERE t.run_id = %(run_id)s ORDER BY t.position, a.attempt;
+
+-- name: ti
+SELECT * FROM conveyor_task_instances WHERE ti_id = %(ti_id)s;
+
+-- name: lock_run
+SELECT run_id FROM conveyor_runs WHERE run_id = %(run_id)s FOR UPDATE;
+
+-- name: start_queued_runs
+UPDATE conveyor_runs SET state = 'running', started_at = %(now)s
+ WHERE run_id IN (SELECT run_id FROM conveyor_runs WHERE state = 'queued'
+                   ORDER BY logical_date LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING run_id;
+
+-- name: dispatch_ready
+UPDATE conveyor_task_instances AS t
+   SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
+       deadline = %(now)s + %(publish_grace)s
+ WHERE t.run_id = %(run_id)s AND t.state = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
+                     JOIN conveyor_task_instances p
+                       ON p.run_id = e.run_id AND p.task_id = e.upstream
+                    WHERE e.run_id = t.run_id AND e.downstream = t.task_id
+                      AND p.state <> 'success')
+RETURNING *;
+
+-- name: claim_due_retries
+UPDATE conveyor_task_instances
+   SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
+       started_at = NULL, heartbeat_at = NULL, ended_at = NULL, hostname = NULL, pid = NULL,
+       deadline = %(now)s + %(publish_grace)s
+ WHERE ti_id IN (SELECT ti_id FROM conveyor_task_instances
+                  WHERE state = 'up_for_retry' AND deadline <= %(now)s
+                  ORDER BY deadline LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING *;
+
+-- name: claim_unpublished
+UPDATE conveyor_task_instances SET deadline = %(now)s + %(publish_grace)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued' AND published_at IS NULL
+   AND deadline <= %(now)s
+RETURNING *;
+
+-- name: mark_published
+UPDATE conveyor_task_instances SET published_at = %(now)s, deadline = %(now)s + queued_timeout
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued' AND published_at IS NULL;
+
+-- name: due
+SELECT ti_id, run_id, state, attempt, published_at FROM conveyor_task_instances
+ WHERE deadline <= %(now)s AND state IN ('queued', 'running')
+ ORDER BY deadline LIMIT %(limit)s;
+
+-- name: still_due
+SELECT * FROM conveyor_task_instances
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = %(state)s AND deadline <= %(now)s;
+
+-- name: next_deadline
+SELECT MIN(deadline) AS at FROM conveyor_task_instances WHERE deadline IS NOT NULL;
+
+-- name: ti_started
+UPDATE conveyor_task_instances
+   SET state = 'running', started_at = %(at)s, heartbeat_at = %(now)s, hostname = %(hostname)s,
+       pid = %(pid)s, published_at = COALESCE(published_at, %(now)s),
+       deadline = %(now)s + heartbeat_timeout
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: ti_heartbeat
+UPDATE conveyor_task_instances
+   SET state = 'running', heartbeat_at = %(now)s, started_at = COALESCE(started_at, %(at)s),
+       published_at = COALESCE(published_at, %(now)s), deadline = %(now)s + heartbeat_timeout
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: ti_requeued
+UPDATE conveyor_task_instances
+   SET state = 'queued', queued_at = %(now)s, published_at = %(now)s, error = %(error)s,
+       deadline = %(now)s + queued_timeout
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: ti_succeeded
+UPDATE conveyor_task_instances
+   SET state = 'success', ended_at = %(at)s, error = NULL, deadline = NULL,
+       started_at = COALESCE(started_at, %(at)s)
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: ti_up_for_retry
+UPDATE conveyor_task_instances
+   SET state = 'up_for_retry', ended_at = %(at)s, error = %(error)s,
+       next_retry_at = %(next_retry_at)s,
+       deadline = %(next_retry_at)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: ti_failed
+UPDATE conveyor_task_instances
+   SET state = 'failed', ended_at = %(at)s, error = %(error)s, deadline = NULL
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: record_attempt
+INSERT INTO conveyor_attempts (ti_id, attempt, outcome, queued_at, started_at, ended_at,
+                               hostname, pid, error)
+SELECT ti_id, attempt, %(outcome)s, queued_at, started_at, %(at)s, hostname, pid, %(error)s
+  FROM conveyor_task_instances WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
+
+-- name: upstream_failed
+WITH RECURSIVE below (task_id) AS (
+    SELECT downstream FROM conveyor_edges WHERE run_id = %(run_id)s AND upstream = %(task_id)s
+    UNION
+    SELECT e.downstream FROM conveyor_edges e JOIN below b ON e.upstream = b.task_id
+     WHERE e.run_id = %(run_id)s
+)
+UPDATE conveyor_task_instances SET state = 'upstream_failed', ended_at = %(now)s
+ WHERE run_id = %(run_id)s AND state = 'pending' AND task_id IN (SELECT task_id FROM below);
+
+-- name: finish_run
+UPDATE conveyor_runs
+   SET ended_at = %(now)s,
+       state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_task_instances
+                                  WHERE run_id = %(run_id)s AND state <> 'success')
+                    THEN 'failed' ELSE 'success' END
+ WHERE run_id = %(run_id)s AND state = 'running'
+   AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances
+                    WHERE run_id = %(run_id)s
+                      AND state NOT IN ('success', 'failed', 'upstream_failed'))
+RETURNING state;

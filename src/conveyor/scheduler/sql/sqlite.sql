@@ -1,0 +1,266 @@
+-- Named queries of the scheduler's state store on SQLite (the embedded default).
+-- Times are Unix seconds passed in by the caller (:now), never read from the database clock.
+-- Every task-instance transition is one UPDATE guarded by the state(s) it leaves and the
+-- attempt it belongs to: a duplicate or late event changes nothing (rowcount 0).
+-- `deadline` is when the scheduler must look at a task instance again (a retry is due, a
+-- queued or heartbeat timeout expires, a publish was never confirmed); one index finds them.
+
+-- name: schema_table
+CREATE TABLE IF NOT EXISTS conveyor_schema (version INTEGER NOT NULL);
+
+-- name: schema_version
+SELECT COALESCE(MAX(version), 0) AS version FROM conveyor_schema;
+
+-- name: set_schema_version
+INSERT INTO conveyor_schema (version) VALUES (:version);
+
+-- name: lock_schema
+SELECT 1;
+
+-- name: migration_0001
+CREATE TABLE conveyor_dags (
+    dag_id       TEXT PRIMARY KEY,
+    version      TEXT NOT NULL,
+    file         TEXT NOT NULL,
+    schedule     TEXT,
+    timezone     TEXT NOT NULL,
+    next_tick    REAL,
+    updated_at   REAL NOT NULL
+);
+CREATE TABLE conveyor_runs (
+    run_id       TEXT PRIMARY KEY,
+    dag_id       TEXT NOT NULL,
+    logical_date REAL NOT NULL,
+    state        TEXT NOT NULL,
+    run_type     TEXT NOT NULL,
+    conf         TEXT NOT NULL,
+    dag_version  TEXT NOT NULL,
+    created_at   REAL NOT NULL,
+    started_at   REAL,
+    ended_at     REAL,
+    UNIQUE (dag_id, logical_date)
+);
+CREATE INDEX conveyor_runs_active ON conveyor_runs (state) WHERE state IN ('queued', 'running');
+CREATE INDEX conveyor_runs_dag ON conveyor_runs (dag_id, logical_date);
+CREATE TABLE conveyor_task_instances (
+    ti_id             TEXT PRIMARY KEY,
+    run_id            TEXT NOT NULL REFERENCES conveyor_runs (run_id) ON DELETE CASCADE,
+    task_id           TEXT NOT NULL,
+    position          INTEGER NOT NULL,
+    state             TEXT NOT NULL,
+    attempt           INTEGER NOT NULL,
+    max_attempts      INTEGER NOT NULL,
+    executor          TEXT NOT NULL,
+    queue             TEXT NOT NULL,
+    priority          INTEGER NOT NULL,
+    spec              TEXT NOT NULL,
+    queued_timeout    REAL NOT NULL,
+    heartbeat_timeout REAL NOT NULL,
+    queued_at         REAL,
+    published_at      REAL,
+    started_at        REAL,
+    heartbeat_at      REAL,
+    ended_at          REAL,
+    next_retry_at     REAL,
+    deadline          REAL,
+    error             TEXT,
+    hostname          TEXT,
+    pid               INTEGER,
+    UNIQUE (run_id, task_id)
+);
+CREATE INDEX conveyor_ti_deadline ON conveyor_task_instances (deadline)
+    WHERE deadline IS NOT NULL;
+CREATE TABLE conveyor_edges (
+    run_id       TEXT NOT NULL REFERENCES conveyor_runs (run_id) ON DELETE CASCADE,
+    upstream     TEXT NOT NULL,
+    downstream   TEXT NOT NULL,
+    PRIMARY KEY (run_id, downstream, upstream)
+);
+CREATE INDEX conveyor_edges_upstream ON conveyor_edges (run_id, upstream);
+CREATE TABLE conveyor_attempts (
+    ti_id        TEXT NOT NULL REFERENCES conveyor_task_instances (ti_id) ON DELETE CASCADE,
+    attempt      INTEGER NOT NULL,
+    outcome      TEXT NOT NULL,
+    queued_at    REAL,
+    started_at   REAL,
+    ended_at     REAL,
+    hostname     TEXT,
+    pid          INTEGER,
+    error        TEXT,
+    PRIMARY KEY (ti_id, attempt)
+);
+
+-- name: upsert_dag
+INSERT INTO conveyor_dags (dag_id, version, file, schedule, timezone, next_tick, updated_at)
+VALUES (:dag_id, :version, :file, :schedule, :timezone, :next_tick, :now)
+ON CONFLICT (dag_id) DO UPDATE
+   SET version = excluded.version, file = excluded.file, timezone = excluded.timezone,
+       updated_at = excluded.updated_at,
+       next_tick = CASE WHEN conveyor_dags.schedule IS excluded.schedule
+                         AND conveyor_dags.timezone = excluded.timezone
+                        THEN conveyor_dags.next_tick ELSE excluded.next_tick END,
+       schedule = excluded.schedule;
+
+-- name: dags
+SELECT * FROM conveyor_dags ORDER BY dag_id;
+
+-- name: advance_tick
+UPDATE conveyor_dags SET next_tick = :next_tick
+ WHERE dag_id = :dag_id AND next_tick = :expected;
+
+-- name: insert_run
+INSERT INTO conveyor_runs (run_id, dag_id, logical_date, state, run_type, conf, dag_version,
+                           created_at)
+VALUES (:run_id, :dag_id, :logical_date, 'queued', :run_type, :conf, :dag_version, :now)
+ON CONFLICT (dag_id, logical_date) DO NOTHING;
+
+-- name: insert_ti
+INSERT INTO conveyor_task_instances (ti_id, run_id, task_id, position, state, attempt,
+                                     max_attempts, executor, queue, priority, spec,
+                                     queued_timeout, heartbeat_timeout)
+VALUES (:ti_id, :run_id, :task_id, :position, 'pending', 0, :max_attempts, :executor, :queue,
+        :priority, :spec, :queued_timeout, :heartbeat_timeout);
+
+-- name: insert_edge
+INSERT INTO conveyor_edges (run_id, upstream, downstream) VALUES (:run_id, :upstream, :downstream);
+
+-- name: run
+SELECT * FROM conveyor_runs WHERE run_id = :run_id;
+
+-- name: run_by_date
+SELECT * FROM conveyor_runs WHERE dag_id = :dag_id AND logical_date = :logical_date;
+
+-- name: last_runs
+SELECT r.* FROM conveyor_runs r
+  JOIN (SELECT dag_id, MAX(logical_date) AS logical_date FROM conveyor_runs GROUP BY dag_id) l
+    ON l.dag_id = r.dag_id AND l.logical_date = r.logical_date;
+
+-- name: active_runs
+SELECT COUNT(*) AS n FROM conveyor_runs WHERE state IN ('queued', 'running');
+
+-- name: run_tis
+SELECT * FROM conveyor_task_instances WHERE run_id = :run_id ORDER BY position;
+
+-- name: run_attempts
+SELECT a.* FROM conveyor_attempts a JOIN conveyor_task_instances t ON t.ti_id = a.ti_id
+ WHERE t.run_id = :run_id ORDER BY t.position, a.attempt;
+
+-- name: ti
+SELECT * FROM conveyor_task_instances WHERE ti_id = :ti_id;
+
+-- name: lock_run
+SELECT run_id FROM conveyor_runs WHERE run_id = :run_id;
+
+-- name: start_queued_runs
+UPDATE conveyor_runs SET state = 'running', started_at = :now
+ WHERE run_id IN (SELECT run_id FROM conveyor_runs WHERE state = 'queued'
+                   ORDER BY logical_date LIMIT :limit)
+RETURNING run_id;
+
+-- name: dispatch_ready
+UPDATE conveyor_task_instances AS t
+   SET state = 'queued', attempt = attempt + 1, queued_at = :now, published_at = NULL,
+       deadline = :now + :publish_grace
+ WHERE t.run_id = :run_id AND t.state = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
+                     JOIN conveyor_task_instances p
+                       ON p.run_id = e.run_id AND p.task_id = e.upstream
+                    WHERE e.run_id = t.run_id AND e.downstream = t.task_id
+                      AND p.state <> 'success')
+RETURNING *;
+
+-- name: claim_due_retries
+UPDATE conveyor_task_instances
+   SET state = 'queued', attempt = attempt + 1, queued_at = :now, published_at = NULL,
+       started_at = NULL, heartbeat_at = NULL, ended_at = NULL, hostname = NULL, pid = NULL,
+       deadline = :now + :publish_grace
+ WHERE ti_id IN (SELECT ti_id FROM conveyor_task_instances
+                  WHERE state = 'up_for_retry' AND deadline <= :now
+                  ORDER BY deadline LIMIT :limit)
+RETURNING *;
+
+-- name: claim_unpublished
+UPDATE conveyor_task_instances SET deadline = :now + :publish_grace
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state = 'queued' AND published_at IS NULL
+   AND deadline <= :now
+RETURNING *;
+
+-- name: mark_published
+UPDATE conveyor_task_instances SET published_at = :now, deadline = :now + queued_timeout
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state = 'queued' AND published_at IS NULL;
+
+-- name: due
+SELECT ti_id, run_id, state, attempt, published_at FROM conveyor_task_instances
+ WHERE deadline <= :now AND state IN ('queued', 'running')
+ ORDER BY deadline LIMIT :limit;
+
+-- name: still_due
+SELECT * FROM conveyor_task_instances
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state = :state AND deadline <= :now;
+
+-- name: next_deadline
+SELECT MIN(deadline) AS at FROM conveyor_task_instances WHERE deadline IS NOT NULL;
+
+-- name: ti_started
+UPDATE conveyor_task_instances
+   SET state = 'running', started_at = :at, heartbeat_at = :now, hostname = :hostname,
+       pid = :pid, published_at = COALESCE(published_at, :now),
+       deadline = :now + heartbeat_timeout
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
+
+-- name: ti_heartbeat
+UPDATE conveyor_task_instances
+   SET state = 'running', heartbeat_at = :now, started_at = COALESCE(started_at, :at),
+       published_at = COALESCE(published_at, :now), deadline = :now + heartbeat_timeout
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
+
+-- name: ti_requeued
+UPDATE conveyor_task_instances
+   SET state = 'queued', queued_at = :now, published_at = :now, error = :error,
+       deadline = :now + queued_timeout
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
+
+-- name: ti_succeeded
+UPDATE conveyor_task_instances
+   SET state = 'success', ended_at = :at, error = NULL, deadline = NULL,
+       started_at = COALESCE(started_at, :at)
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
+
+-- name: ti_up_for_retry
+UPDATE conveyor_task_instances
+   SET state = 'up_for_retry', ended_at = :at, error = :error, next_retry_at = :next_retry_at,
+       deadline = :next_retry_at
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
+
+-- name: ti_failed
+UPDATE conveyor_task_instances
+   SET state = 'failed', ended_at = :at, error = :error, deadline = NULL
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
+
+-- name: record_attempt
+INSERT INTO conveyor_attempts (ti_id, attempt, outcome, queued_at, started_at, ended_at,
+                               hostname, pid, error)
+SELECT ti_id, attempt, :outcome, queued_at, started_at, :at, hostname, pid, :error
+  FROM conveyor_task_instances WHERE ti_id = :ti_id AND attempt = :attempt;
+
+-- name: upstream_failed
+WITH RECURSIVE below (task_id) AS (
+    SELECT downstream FROM conveyor_edges WHERE run_id = :run_id AND upstream = :task_id
+    UNION
+    SELECT e.downstream FROM conveyor_edges e JOIN below b ON e.upstream = b.task_id
+     WHERE e.run_id = :run_id
+)
+UPDATE conveyor_task_instances SET state = 'upstream_failed', ended_at = :now
+ WHERE run_id = :run_id AND state = 'pending' AND task_id IN (SELECT task_id FROM below);
+
+-- name: finish_run
+UPDATE conveyor_runs
+   SET ended_at = :now,
+       state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_task_instances
+                                  WHERE run_id = :run_id AND state <> 'success')
+                    THEN 'failed' ELSE 'success' END
+ WHERE run_id = :run_id AND state = 'running'
+   AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances
+                    WHERE run_id = :run_id
+                      AND state NOT IN ('success', 'failed', 'upstream_failed'))
+RETURNING state;
