@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--broker", default=None, help="broker URL (default: embedded SQLite)")
     demo.add_argument("--count", type=int, default=5)
     demo.set_defaults(run=cmd_demo)
+    from conveyor.worker import cli as worker_cli
+    worker_cli.register(commands)
     return parser
 
 

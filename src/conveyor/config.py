@@ -56,3 +56,26 @@ class Settings:
     def codec(self) -> Any:
         from conveyor.message import Codec
         return Codec(self.signing_key or None, self.max_message_bytes)
+
+
+def env_flag(parser: Any, *names: str, env: str, default: Any = None, kind: Any = str,
+             help: str = "", **kwargs: Any) -> None:
+    """Add a flag whose default comes from `env` (flags > CONVEYOR_* environment > default).
+
+    The variable is named in --help, and a bad value in the environment stops the program
+    with one line naming the variable, the value and what is allowed.
+    """
+    raw = os.environ.get(env)
+    value = default
+    if raw is not None:
+        try:
+            value = kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes", "on")
+        except (ValueError, ConfigError) as exc:
+            raise ConfigError(f"{env}={raw!r} is not allowed: {exc}") from None
+    shown = f" [env: {env}" + (f"; default: {default}" if default not in (None, "", False)
+                               else "") + "]"
+    if kind is bool:
+        parser.add_argument(*names, action="store_true", default=value, help=help + shown,
+                            **kwargs)
+    else:
+        parser.add_argument(*names, type=kind, default=value, help=help + shown, **kwargs)

@@ -6,8 +6,15 @@ import signal
 
 import pytest
 
-from conveyor.worker.outcome import (Action, Budget, Facts, Outcome, classify, decide,
-                                     over_delivery_cap)
+from conveyor.worker.outcome import (
+    Action,
+    Budget,
+    Facts,
+    Outcome,
+    classify,
+    decide,
+    over_delivery_cap,
+)
 
 EXIT_0 = 0
 EXIT_1 = 1 << 8

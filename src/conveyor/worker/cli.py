@@ -1,0 +1,109 @@
+"""`conveyor worker`: flags (Celery's names where the meaning matches) and start-up.
+
+Every flag has a CONVEYOR_* variable, shown in --help. A bad flag or an unreachable broker
+stops the worker at start with one readable line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import socket
+import sys
+
+from conveyor import broker as brokers
+from conveyor.config import Settings, env_flag, parse_size
+from conveyor.errors import ConfigError
+from conveyor.worker.supervisor import Supervisor, WorkerConfig
+
+
+def _queues(text: str) -> tuple[str, ...]:
+    queues = tuple(q.strip() for q in text.split(",") if q.strip())
+    if not queues:
+        raise ConfigError("--queues needs at least one queue name, e.g. --queues=default,heavy")
+    return queues
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text} must be 1 or more")
+    return value
+
+
+def _apps(text: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in text.split(",") if a.strip())
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser("worker", help="consume queues and run each task in an isolated "
+                            "runner", description=__doc__)
+    env_flag(p, "-Q", "--queues", env="CONVEYOR_QUEUES", default=("default",), kind=_queues,
+             help="comma-separated queues, first listed first")
+    env_flag(p, "-c", "--concurrency", env="CONVEYOR_CONCURRENCY", default=os.cpu_count() or 2,
+             kind=_positive_int, help="runner slots (tasks at once)")
+    env_flag(p, "-A", "--app", env="CONVEYOR_APP", default=(), kind=_apps,
+             help="comma-separated modules that register tasks (imported once, before forking)")
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+             help="broker URL (default: the embedded SQLite file)")
+    env_flag(p, "--max-memory-per-child", env="CONVEYOR_MAX_MEMORY_PER_CHILD", default=0,
+             kind=parse_size, help="memory cap of each runner, e.g. 2GiB (0: no cap)")
+    env_flag(p, "--max-tasks-per-child", env="CONVEYOR_MAX_TASKS_PER_CHILD", default=1,
+             kind=_positive_int, help="tasks a runner runs before it is replaced (1: fresh "
+             "runner per task, the safe default)")
+    env_flag(p, "--time-limit", env="CONVEYOR_TIME_LIMIT", default=0.0, kind=float,
+             help="hard time limit in seconds: the runner is killed (0: none)")
+    env_flag(p, "--soft-time-limit", env="CONVEYOR_SOFT_TIME_LIMIT", default=0.0, kind=float,
+             help="soft time limit in seconds: SoftTimeLimitExceeded is raised in the task")
+    env_flag(p, "--uid", env="CONVEYOR_UID", default=None, kind=int,
+             help="run tasks as this uid (the worker must be root)")
+    env_flag(p, "--gid", env="CONVEYOR_GID", default=None, kind=int, help="run tasks as this gid")
+    env_flag(p, "-n", "--hostname", env="CONVEYOR_HOSTNAME", default=socket.gethostname(),
+             help="name of this worker in events and logs")
+    env_flag(p, "--heartbeat-interval", env="CONVEYOR_HEARTBEAT_INTERVAL", default=10.0,
+             kind=float, help="seconds between heartbeats (lease renewals, events)")
+    env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=30.0, kind=float,
+             help="seconds running tasks get to finish after SIGTERM; match Kubernetes' "
+             "terminationGracePeriodSeconds")
+    env_flag(p, "--burst", env="CONVEYOR_BURST", default=False, kind=bool,
+             help="drain the queues, then exit")
+    env_flag(p, "--metrics-port", env="CONVEYOR_METRICS_PORT", default=0, kind=int,
+             help="serve Prometheus /metrics on this port (0: off)")
+    env_flag(p, "--max-deliveries", env="CONVEYOR_MAX_DELIVERIES", default=20,
+             kind=_positive_int, help="deliveries without an outcome (crashes, shutdowns) "
+             "before a message is dead-lettered")
+    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+    p.set_defaults(run=run_worker)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.path.insert(0, os.getcwd())
+    for module in args.app:
+        _import_app(module)
+    config = WorkerConfig(
+        queues=args.queues, concurrency=args.concurrency, apps=args.app,
+        max_memory_per_child=args.max_memory_per_child,
+        max_tasks_per_child=args.max_tasks_per_child, time_limit=args.time_limit,
+        soft_time_limit=args.soft_time_limit, uid=args.uid, gid=args.gid,
+        hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,
+        drain_timeout=args.drain_timeout, burst=args.burst, metrics_port=args.metrics_port,
+        max_deliveries=args.max_deliveries)
+    settings = Settings.from_env(broker_url=args.broker or None)
+    broker = brokers.from_url(settings.broker_url,
+                              lease_seconds=max(3.0, 3 * config.heartbeat_interval))
+    supervisor = Supervisor(config, broker, settings.codec())
+    if config.metrics_port:
+        supervisor.metrics.serve(config.metrics_port)
+    return supervisor.run()
+
+
+def _import_app(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        raise ConfigError(f"cannot import --app module {module!r}: "
+                          f"{type(exc).__name__}: {exc}") from None

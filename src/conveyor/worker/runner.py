@@ -1,0 +1,130 @@
+"""The task runner: the forked child that runs user code, and nothing else.
+
+A runner is forked ahead of need by the zygote, so a task never waits for a fork. Before any
+user code runs it is non-dumpable (no /proc/<pid>/mem, environ or ptrace for siblings of
+the same uid), dies with its parent, holds only its own channel and output pipe, and lives
+in an environment that never held the worker's secrets (the zygote was exec'd with a
+scrubbed environment). The supervisor moves it into its task's memory cgroup before sending
+the task; the runner then drops to the configured uid/gid and runs the task.
+
+Shell-command workloads are exec'd in place, inside the same cgroup and uid. exec resets
+dumpability for a plain binary, so an exec'd command IS readable by other processes of its
+uid: the cgroup cap, the uid drop, the scrubbed environment and the closed descriptors
+remain. Run command workloads under a uid of their own (`--uid`) if tasks must not read them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, NoReturn
+
+from conveyor.errors import UnknownTask
+from conveyor.task import Retry, SoftTimeLimitExceeded, lookup
+from conveyor.worker import isolation, protocol
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What every runner of a worker shares; sent once to the zygote."""
+
+    max_tasks: int = 1
+    uid: int | None = None
+    gid: int | None = None
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL us when our parent dies, so no runner outlives its worker."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) -> NoReturn:
+    """Entry point in the forked child. Never returns."""
+    try:
+        _prepare(channel, output_fd)
+        for _ in range(config.max_tasks):
+            frame = protocol.recv(channel)
+            if frame is None:
+                break
+            isolation.drop_privileges(config.uid, config.gid)
+            isolation.make_non_dumpable()
+            protocol.send(channel, run_frame(frame, channel))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _prepare(channel: socket.socket, output_fd: int) -> None:
+    die_with_parent()
+    isolation.make_non_dumpable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the supervisor to handle
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # drains let running tasks finish
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, _soft_time_limit)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    isolation.close_inherited_fds(keep=[channel.fileno()])
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - line-buffered log
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _soft_time_limit(signum: int, frame: FrameType | None) -> None:
+    raise SoftTimeLimitExceeded("soft time limit passed: finish or clean up now")
+
+
+def run_frame(frame: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
+    """Run one task frame and return the report frame."""
+    message = frame["message"]
+    if message.get("command"):
+        _exec_command(message["command"], channel)
+    try:
+        result = lookup(message["task"]).fn(*message.get("args", ()), **message.get("kwargs", {}))
+        return {"outcome": "succeeded", "result": _json_safe(result)}
+    except UnknownTask as exc:
+        return {"outcome": "unknown_task", "reason": str(exc)}
+    except Retry as exc:
+        return {"outcome": "retry_requested", "reason": str(exc), "retry_delay": exc.delay,
+                "error": _error(exc)}
+    except SoftTimeLimitExceeded as exc:
+        return {"outcome": "timed_out", "reason": "soft time limit passed", "error": _error(exc)}
+    except BaseException as exc:  # noqa: BLE001 - any task failure becomes a report
+        return {"outcome": "failed", "error": _error(exc)}
+
+
+def _exec_command(command: list[str], channel: socket.socket) -> NoReturn:
+    """Replace the runner with the command; its exit status becomes the outcome."""
+    protocol.send(channel, {"mode": "exec"})
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        protocol.send(channel, {"outcome": "failed", "error": _error(exc),
+                                "reason": f"cannot run {command[0]!r}: {exc.strerror}"})
+        os._exit(127)
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__qualname__, "message": str(exc)[:4000],
+            "traceback": "".join(traceback.format_exception(exc))[-16000:]}
+
+
+def _json_safe(result: Any) -> Any:
+    """The task's result if JSON can carry it; otherwise a clear error instead of pickling."""
+    import json
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"task result of type {type(result).__name__} is not JSON: return "
+                        f"plain data (dict, list, str, numbers) ({exc})") from None
+    return result

@@ -1,0 +1,378 @@
+"""The supervisor: the `conveyor worker` process.
+
+It holds at most `concurrency` deliveries (so a long task never keeps short ones waiting in a
+prefetch buffer), hands each to a runner forked ahead of need, watches the runner (reports,
+exit status, cgroup OOM counter, time limits), and settles the message only after the
+outcome event is published: ack, retry later with backoff, requeue, or dead-letter.
+
+Its main thread blocks on the broker; the pool's watcher thread wakes it (`broker.wakeup`)
+when a runner finishes, and signal handlers do the same for SIGTERM/SIGINT. Everything
+that touches the broker happens on the main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from types import FrameType
+from typing import Any
+
+from conveyor.broker import Broker, Delivery
+from conveyor.errors import ConveyorError, LeaseLost, MessageError
+from conveyor.events import Event
+from conveyor.message import Codec, Message
+from conveyor.metrics import WorkerMetrics
+from conveyor.task import REGISTRY
+from conveyor.worker import cgroups
+from conveyor.worker.isolation import scrub_environment
+from conveyor.worker.outcome import (
+    Action,
+    Budget,
+    Facts,
+    Outcome,
+    classify,
+    decide,
+    over_delivery_cap,
+)
+from conveyor.worker.pool import Pool, Runner
+
+log = logging.getLogger("conveyor.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything `conveyor worker` was told; see `conveyor.worker.cli` for the flags."""
+
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = 2
+    apps: tuple[str, ...] = ()
+    max_memory_per_child: int = 0
+    max_tasks_per_child: int = 1
+    time_limit: float = 0.0
+    soft_time_limit: float = 0.0
+    soft_grace: float = 10.0
+    uid: int | None = None
+    gid: int | None = None
+    hostname: str = field(default_factory=socket.gethostname)
+    heartbeat_interval: float = 10.0
+    drain_timeout: float = 30.0
+    burst: bool = False
+    metrics_port: int = 0
+    max_retries: int = 3
+    max_deliveries: int = 20
+    retry_backoff: float = 1.0
+    retry_backoff_max: float = 300.0
+
+
+@dataclass(eq=False)
+class Run:
+    """One delivery this worker holds, from acceptance to settlement."""
+
+    delivery: Delivery
+    message: Message
+    budget: Budget
+    accepted: float = field(default_factory=time.monotonic)
+    started: float = 0.0
+    soft_at: float = math.inf
+    hard_at: float = math.inf
+    hard_timed_out: bool = False
+    interrupted: bool = False
+    slot: Any = None
+    runner: Runner | None = None
+
+    @property
+    def log_label(self) -> str:
+        m = self.message
+        return f"task={m.label} id={m.id} attempt={m.attempt}" + (
+            f" run={m.run_id}" if m.run_id else "")
+
+
+class Supervisor:
+    def __init__(self, config: WorkerConfig, broker: Broker, codec: Codec,
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.config = config
+        self.broker = broker
+        self.codec = codec
+        self.metrics = metrics or WorkerMetrics()
+        self.limiter = cgroups.detect()
+        self.pending: deque[Run] = deque()
+        self.running: set[Run] = set()
+        self.draining_since: float | None = None
+        self.cold = False
+        self._next_heartbeat = time.monotonic() + config.heartbeat_interval
+        self.pool = Pool(list(config.apps), scrub_environment(os.environ), broker.wakeup,
+                         config.max_tasks_per_child, config.uid, config.gid,
+                         warm=config.concurrency)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Consume until told to stop (or, with --burst, until the queues are empty)."""
+        self._install_signal_handlers()
+        log.info("worker %s consuming %s with %d slots; memory caps: %s", self.config.hostname,
+                 ",".join(self.config.queues), self.config.concurrency, self.limiter.describe())
+        steps = self.broker.consume(list(self.config.queues), prefetch=self.config.concurrency,
+                                    timeout=min(1.0, self.config.heartbeat_interval))
+        try:
+            while True:
+                delivery = next(steps)
+                if delivery is not None:
+                    self._accept(delivery)
+                self._settle_finished()
+                self._start_pending()
+                self._check_timers(time.monotonic())
+                if self._done(delivery):
+                    return 0
+        finally:
+            self._stop()
+
+    def _done(self, last: Delivery | None) -> bool:
+        if self.running or self.pending:
+            return False
+        if self.draining_since is not None:
+            return True
+        if not self.config.burst or last is not None:
+            return False
+        # in flight elsewhere counts: a crashed worker's lease may expire into our hands
+        return all(d.active + d.delayed == 0
+                   for d in (self.broker.depth(q) for q in self.config.queues))
+
+    def _stop(self) -> None:
+        for run in list(self.pending):
+            self._settle(run, Action("requeue", reason="worker stopped"), None)
+        self.pool.close()
+        self.limiter.close()
+        self.broker.close()
+        log.info("worker %s stopped", self.config.hostname)
+
+    # -- accepting deliveries -------------------------------------------------------------
+
+    def _accept(self, delivery: Delivery) -> None:
+        """Decode and vet a delivery; bad input is dead-lettered at once, never retried."""
+        try:
+            message = self.codec.decode(delivery.body)
+        except MessageError as exc:
+            self._reject(delivery, f"bad message: {exc}")
+            return
+        capped = over_delivery_cap(delivery.delivery_count, self._budget(message))
+        if capped is not None:
+            self._reject(delivery, capped.reason, message)
+            return
+        if message.task and message.task not in REGISTRY:
+            self._reject(delivery, f"unknown task {message.task!r}: no module given with "
+                                   f"--app registers it", message)
+            return
+        self.pending.append(Run(delivery, replace(message, deliveries=delivery.delivery_count),
+                                self._budget(message)))
+
+    def _budget(self, message: Message) -> Budget:
+        c = self.config
+        task = REGISTRY.get(message.task)
+        retries = message.max_retries if message.max_retries >= 0 else (
+            task.options.max_retries if task else c.max_retries)
+        backoff = task.options.retry_backoff if task else c.retry_backoff
+        cap = task.options.retry_backoff_max if task else c.retry_backoff_max
+        return Budget(retries, c.max_deliveries, backoff, cap)
+
+    def _reject(self, delivery: Delivery, reason: str, message: Message | None = None) -> None:
+        log.warning("dead-lettering a message from %s: %s", delivery.queue, reason)
+        if message is not None:
+            self._tell("dead_lettered", message, delivery.queue, reason=reason)
+        else:
+            self.metrics.record(Event("dead_lettered", "", "", 0, reason=reason), delivery.queue)
+        self.broker.dead_letter(delivery, reason)
+
+    # -- starting runs --------------------------------------------------------------------
+
+    def _start_pending(self) -> None:
+        while self.pending and self.draining_since is None:
+            runner = self.pool.take()
+            if runner is None:
+                return
+            self._start(self.pending.popleft(), runner)
+
+    def _start(self, run: Run, runner: Runner) -> None:
+        m, c = run.message, self.config
+        memory, hard, soft = self._limits(m)
+        run.slot = self.limiter.prepare(f"{m.id}-{m.attempt}-{run.delivery.delivery_count}",
+                                        memory)
+        run.slot.admit(runner.pid)
+        run.runner, run.started = runner, time.monotonic()
+        run.soft_at = run.started + soft if soft else math.inf
+        run.hard_at = run.started + (hard or (soft + c.soft_grace if soft else math.inf))
+        self.pool.start(runner, run, {"message": self._wire(m)})
+        self.running.add(run)
+        self.metrics.fork_latency.observe(run.started - run.accepted)
+        self._tell("started", m, run.delivery.queue, pid=runner.pid)
+        self._gauges()
+
+    def _limits(self, m: Message) -> tuple[int, float, float]:
+        """Memory cap, hard and soft time limits: the message's, else the task's, else ours."""
+        c = self.config
+        task = REGISTRY.get(m.task)
+        o = task.options if task else None
+        return (m.memory_limit or (o.memory_limit if o else 0) or c.max_memory_per_child,
+                m.time_limit or (o.time_limit if o else 0) or c.time_limit,
+                m.soft_time_limit or (o.soft_time_limit if o else 0) or c.soft_time_limit)
+
+    @staticmethod
+    def _wire(message: Message) -> dict[str, Any]:
+        return {"task": message.task, "command": list(message.command),
+                "args": list(message.args), "kwargs": dict(message.kwargs), "id": message.id}
+
+    # -- finishing runs -------------------------------------------------------------------
+
+    def _settle_finished(self) -> None:
+        while not self.pool.finished.empty():
+            runner = self.pool.finished.get_nowait()
+            run: Run = runner.task
+            self.running.discard(run)
+            outcome = self._outcome(run, runner)
+            report_only = run.message.headers.get("settle") == "report"
+            action = self._action(run, outcome, runner, report_only)
+            self._report(run, outcome, action, time.monotonic() - run.started)
+            self._settle(run, action, outcome)
+            run.slot.remove()
+            self.pool.release(runner)
+            self._gauges()
+
+    def _outcome(self, run: Run, runner: Runner) -> Outcome:
+        if runner.exec_mode and runner.report is None and runner.status is not None:
+            runner.report = _exec_report(runner.status)
+        status = runner.status if runner.exited else 0
+        oom = run.slot.outcome().oom_killed
+        return classify(Facts(runner.report, status, oom, run.hard_timed_out, run.interrupted))
+
+    def _action(self, run: Run, outcome: Outcome, runner: Runner, report_only: bool) -> Action:
+        if (runner.report or {}).get("outcome") == "unknown_task":
+            return Action("dead_letter", reason=runner.report["reason"])  # type: ignore[index]
+        return decide(outcome, run.message.attempt, run.budget, report_only)
+
+    def _report(self, run: Run, outcome: Outcome, action: Action, duration: float) -> None:
+        """Publish the outcome before settling the message: nothing is acked unreported."""
+        m, queue = run.message, run.delivery.queue
+        retry_in = action.delay if action.verb == "retry" else 0.0
+        kind = {"killed": "failed", "lost": "failed", "retry_requested": "failed"}.get(
+            outcome.kind, outcome.kind)
+        self._tell(kind, m, queue, duration, result=outcome.result, error=dict(outcome.error),
+                   reason=outcome.reason, retry_in=retry_in)
+        if action.verb == "retry":
+            self._tell("retried", m, queue, reason=action.reason, retry_in=retry_in)
+        elif action.verb == "dead_letter":
+            self._tell("dead_lettered", m, queue, reason=action.reason)
+        level = logging.INFO if outcome.kind == "succeeded" else logging.WARNING
+        log.log(level, "%s %s in %.3fs -> %s %s", run.log_label, outcome.kind, duration,
+                action.verb, action.reason)
+
+    def _settle(self, run: Run, action: Action, outcome: Outcome | None) -> None:
+        d = run.delivery
+        try:
+            if action.verb == "ack":
+                self.broker.ack(d)
+            elif action.verb == "retry":
+                body = self.codec.encode(run.message.next_attempt())
+                self.broker.retry_later(d, action.delay, body)
+            elif action.verb == "requeue":
+                self._tell("interrupted", run.message, d.queue, reason=action.reason)
+                self.broker.retry_later(d, 0.0)
+            else:
+                self.broker.dead_letter(d, action.reason)
+        except LeaseLost as exc:
+            log.warning("%s: %s", run.log_label, exc)
+
+    # -- time: limits, heartbeats, drain ----------------------------------------------------
+
+    def _check_timers(self, now: float) -> None:
+        for run in list(self.running):
+            if now >= run.hard_at and not run.hard_timed_out and not run.interrupted:
+                run.hard_timed_out = True
+                self._kill(run)
+            elif now >= run.soft_at and run.runner is not None:
+                run.soft_at = math.inf
+                run.runner.signal(signal.SIGUSR1)
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat_interval
+            self._heartbeat()
+        if self.draining_since is not None and (
+                self.cold or now - self.draining_since >= self.config.drain_timeout):
+            self._interrupt_all()
+
+    def _kill(self, run: Run) -> None:
+        if run.runner is not None:
+            run.runner.signal(signal.SIGKILL)
+        run.slot.kill_all()
+
+    def _heartbeat(self) -> None:
+        for run in [*self.running, *self.pending]:
+            try:
+                self.broker.extend_lease(run.delivery)
+            except LeaseLost as exc:
+                log.error("%s: %s", run.log_label, exc)
+            if run in self.running:
+                self._tell("heartbeat", run.message, run.delivery.queue)
+
+    def _interrupt_all(self) -> None:
+        for run in self.running:
+            if not run.interrupted:
+                run.interrupted = True
+                log.warning("%s interrupted: drain timeout passed", run.log_label)
+                self._kill(run)
+
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.draining_since is None:
+            self.draining_since = time.monotonic()
+            log.warning("%s: draining: no new tasks; %d running get up to %.0fs to finish "
+                        "(send it again to stop at once)", name, len(self.running),
+                        self.config.drain_timeout)
+            self.broker.pause()
+            return
+        self.cold = True
+        log.warning("%s again: cold shutdown: killing %d running tasks and requeueing them",
+                    name, len(self.running))
+        self.broker.wakeup()
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _event(self, kind: str, m: Message, **fields: Any) -> Event:
+        return Event(kind=kind, message_id=m.id, task=m.label, attempt=m.attempt,
+                     delivery=m.deliveries, run_id=m.run_id, trace_id=m.trace_id,
+                     hostname=self.config.hostname, pid=fields.pop("pid", os.getpid()),
+                     headers=dict(m.headers), **fields)
+
+    def _tell(self, kind: str, m: Message, queue: str, duration: float | None = None,
+              **fields: Any) -> None:
+        """Record an event in the metrics and publish it to the message's reply_to."""
+        event = self._event(kind, m, **fields)
+        self.metrics.record(event, queue, duration)
+        if not m.reply_to:
+            return
+        try:
+            self.broker.publish(m.reply_to, event.encode())
+        except ConveyorError as exc:
+            log.error("could not report %s of %s to %s: %s", kind, m.label, m.reply_to, exc)
+
+    def _gauges(self) -> None:
+        self.metrics.in_flight.set(len(self.running) + len(self.pending))
+        self.metrics.free_slots.set(self.config.concurrency - len(self.running))
+
+
+def _exec_report(status: int) -> dict[str, Any]:
+    """How an exec'd command ended, as a runner report."""
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return {"outcome": "succeeded", "result": {"exit_code": 0}}
+    if os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        return {"outcome": "failed", "reason": f"command exited with code {code}",
+                "error": {"type": "CommandFailed", "message": f"exit code {code}"}}
+    return {}

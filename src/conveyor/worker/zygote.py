@@ -1,0 +1,119 @@
+"""The zygote: a small, single-threaded process that forks task runners on request.
+
+Why a separate process: the supervisor talks to brokers, serves /metrics and watches
+runners from threads, and forking a multi-threaded process can deadlock the child. The
+zygote is exec'd (not forked) by the supervisor with a scrubbed environment, imports the
+user's task modules once, freezes the GC so forks share those pages, and then only ever
+forks. No broker URL, password or signing key ever exists in its memory, so no runner can
+find one in its own address space either.
+
+Protocol on its control socket (SOCK_SEQPACKET, JSON frames):
+  supervisor -> zygote  {"op": "spawn"} + fds [runner channel, runner output pipe]
+  zygote -> supervisor  {"op": "spawned", "pid": P} + fds [pidfd of P]
+  zygote -> supervisor  {"op": "exited", "pid": P, "status": S}   (raw waitpid status)
+If the supervisor goes away (EOF), the zygote kills every runner it forked and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import os
+import select
+import signal
+import socket
+import sys
+from typing import NoReturn
+
+from conveyor.worker import protocol
+from conveyor.worker.runner import RunnerConfig, die_with_parent, runner_main
+
+
+class Zygote:
+    def __init__(self, control: socket.socket, config: RunnerConfig) -> None:
+        self.control = control
+        self.config = config
+        self.children: set[int] = set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    def serve(self) -> NoReturn:
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            readable, _, _ = select.select([self.control, self._wake_r], [], [])
+            if self._wake_r in readable:
+                os.read(self._wake_r, 4096)
+                self._reap()
+            if self.control in readable and not self._handle_request():
+                self._shutdown()
+
+    def _handle_request(self) -> bool:
+        frame, fds = protocol.recv_with_fds(self.control)
+        if frame is None:
+            return False
+        if frame.get("op") == "spawn" and len(fds) == 2:
+            self._spawn(fds[0], fds[1])
+        for fd in fds:
+            os.close(fd)
+        return True
+
+    def _spawn(self, channel_fd: int, output_fd: int) -> None:
+        pid = os.fork()
+        if pid == 0:
+            self.control.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            signal.set_wakeup_fd(-1)
+            runner_main(socket.socket(fileno=channel_fd), output_fd, self.config)
+        self.children.add(pid)
+        pidfd = os.pidfd_open(pid)
+        try:
+            protocol.send(self.control, {"op": "spawned", "pid": pid}, [pidfd])
+        finally:
+            os.close(pidfd)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            protocol.send(self.control, {"op": "exited", "pid": pid, "status": status})
+
+    def _shutdown(self) -> NoReturn:
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    parser = argparse.ArgumentParser(prog="conveyor-zygote")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--app", action="append", default=[])
+    parser.add_argument("--max-tasks", type=int, default=1)
+    parser.add_argument("--uid", type=int, default=None)
+    parser.add_argument("--gid", type=int, default=None)
+    args = parser.parse_args(argv)
+    die_with_parent()
+    control = socket.socket(fileno=args.control_fd)
+    for module in args.app:
+        importlib.import_module(module)
+    gc.collect()
+    gc.freeze()  # forked runners share these pages instead of copying them on first GC
+    protocol.send(control, {"op": "ready", "pid": os.getpid()})
+    Zygote(control, RunnerConfig(args.max_tasks, args.uid, args.gid)).serve()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.getcwd())
+    main()

@@ -1,0 +1,285 @@
+"""The worker end to end: real `conveyor worker` processes, real brokers, real runners."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.broker import Broker, Depth
+from conveyor.message import Codec, Message
+from tests.contract.conftest import ENABLED, TRANSPORTS
+from tests.integration.workerkit import (
+    enqueue,
+    events,
+    finish,
+    open_broker,
+    start_worker,
+    stop,
+    task_message,
+    wait_event,
+    worker_env,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/broker.db"
+
+
+@pytest.fixture
+def broker(sqlite_url: str) -> Iterator[Broker]:
+    b = open_broker(sqlite_url)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def q(unique: str) -> str:
+    return f"w-{unique}"
+
+
+def test_runs_a_task_and_reports_its_result(broker: Broker, sqlite_url: str, q: str) -> None:
+    enqueue(broker, task_message("t.add", q, 2, 3, reply_to=q + "-r"))
+    out = finish(start_worker(sqlite_url, q, "--concurrency=2"))
+    kinds = [(e.kind, e.result) for e in events(broker, q + "-r")]
+    assert kinds == [("started", None), ("succeeded", 5)], out
+    assert broker.depth(q) == Depth(0, 0, 0, 0)
+
+
+def test_command_workload_is_execd(broker: Broker, sqlite_url: str, q: str,
+                                   tmp_path: Path) -> None:
+    target = tmp_path / "touched"
+    enqueue(broker, Message(queue=q, command=("touch", str(target)), reply_to=q + "-r"))
+    enqueue(broker, Message(queue=q, command=("false",), reply_to=q + "-r", max_retries=0))
+    out = finish(start_worker(sqlite_url, q))
+    assert target.exists(), out
+    kinds = sorted(e.kind for e in events(broker, q + "-r") if e.kind != "started")
+    assert kinds == ["dead_lettered", "failed", "succeeded"], out
+    [dead] = broker.dead_letters(q)
+    assert "exited with code 1" in dead.reason
+
+
+def test_oom_task_dies_alone_and_is_dead_lettered(broker: Broker, sqlite_url: str,
+                                                  q: str) -> None:
+    """Scenario 1 and 2: the hog is killed in its own cgroup, its sibling finishes, the
+    supervisor survives, and after its budget the hog sits in the dead letters."""
+    enqueue(broker, task_message("t.hog", q, 160, reply_to=q + "-r"))
+    enqueue(broker, task_message("t.sleep", q, 1.0, reply_to=q + "-r"))
+    worker = start_worker(sqlite_url, q, "--concurrency=2")
+    pid = worker.pid
+    out = finish(worker, timeout=90)
+    assert worker.returncode == 0 and worker.pid == pid, out
+    seen = [e for e in events(broker, q + "-r")]
+    assert [e.attempt for e in seen if e.kind == "oom_killed"] == [1, 2, 3], out
+    assert any(e.kind == "succeeded" and e.result == "slept" for e in seen), out
+    [dead] = broker.dead_letters(q)
+    assert dead.reason.startswith("oom_killed"), dead.reason
+    assert broker.depth(q) == Depth(0, 0, 0, 1)
+
+
+def test_failures_retry_then_dead_letter(broker: Broker, sqlite_url: str, q: str) -> None:
+    enqueue(broker, task_message("t.fail", q, "kaput", reply_to=q + "-r"))
+    out = finish(start_worker(sqlite_url, q))
+    failed = [e for e in events(broker, q + "-r") if e.kind == "failed"]
+    assert [e.attempt for e in failed] == [1, 2], out
+    assert failed[0].error["type"] == "ValueError" and "kaput" in failed[0].error["traceback"]
+    assert failed[0].retry_in > 0 and failed[1].retry_in == 0
+    [dead] = broker.dead_letters(q)
+    assert "kaput" in dead.reason and "budget spent" in dead.reason
+
+
+def test_task_asks_for_a_retry(broker: Broker, sqlite_url: str, q: str,
+                               tmp_path: Path) -> None:
+    enqueue(broker, task_message("t.retry_once", q, str(tmp_path / "m"), reply_to=q + "-r"))
+    finish(start_worker(sqlite_url, q))
+    final = [e for e in events(broker, q + "-r") if e.kind == "succeeded"]
+    assert [(e.attempt, e.result) for e in final] == [(2, "second time")]
+
+
+def test_hard_and_soft_time_limits(broker: Broker, sqlite_url: str, q: str) -> None:
+    enqueue(broker, task_message("t.sleep", q, 30, reply_to=q + "-r", time_limit=1.0,
+                                 max_retries=0))
+    enqueue(broker, task_message("t.soft", q, 30, reply_to=q + "-r", soft_time_limit=0.5))
+    started = time.monotonic()
+    out = finish(start_worker(sqlite_url, q, "--concurrency=2"))
+    assert time.monotonic() - started < 20, out
+    seen = {e.task: e for e in events(broker, q + "-r") if e.kind not in ("started",
+                                                                           "heartbeat")}
+    assert seen["t.sleep"].kind in ("timed_out", "dead_lettered"), out
+    assert seen["t.soft"].kind == "succeeded" and seen["t.soft"].result == "cleaned up"
+    [dead] = broker.dead_letters(q)
+    assert dead.reason.startswith("timed_out")
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (b"\x80\x03pickled", "not JSON"),
+    (b'{"v": 1, "id": "x"}', "missing the field"),
+    (b"{" + b" " * 2_000_000 + b"}", "byte cap"),
+], ids=["pickle", "missing-field", "oversized"])
+def test_bad_input_is_dead_lettered_and_the_worker_goes_on(broker: Broker, sqlite_url: str,
+                                                           q: str, raw: bytes,
+                                                           reason: str) -> None:
+    broker.publish(q, raw)
+    enqueue(broker, task_message("t.add", q, 1, 1, reply_to=q + "-r"))
+    out = finish(start_worker(sqlite_url, q))
+    [dead] = broker.dead_letters(q)
+    assert reason in dead.reason and dead.body == raw, out
+    assert [e.result for e in events(broker, q + "-r") if e.kind == "succeeded"] == [2]
+
+
+def test_unknown_task_is_dead_lettered(broker: Broker, sqlite_url: str, q: str) -> None:
+    enqueue(broker, task_message("t.nope", q, reply_to=q + "-r"))
+    finish(start_worker(sqlite_url, q))
+    [dead] = broker.dead_letters(q)
+    assert "unknown task 't.nope'" in dead.reason
+    assert [e.kind for e in events(broker, q + "-r")] == ["dead_lettered"]
+
+
+def test_signing_rejects_unsigned_and_tampered(broker: Broker, sqlite_url: str,
+                                               q: str) -> None:
+    signed = Codec(signing_key="s3cret")
+    enqueue(broker, task_message("t.add", q, 1, 2))  # unsigned
+    body = signed.encode(task_message("t.add", q, 1, 2))
+    broker.publish(q, body.replace(b'"args":[1,2]', b'"args":[9,9]'))  # tampered
+    enqueue(broker, task_message("t.add", q, 2, 2, reply_to=q + "-r"), codec=signed)
+    env = worker_env(sqlite_url, CONVEYOR_SIGNING_KEY="s3cret")
+    out = finish(start_worker(sqlite_url, q, env=env))
+    reasons = sorted(d.reason for d in broker.dead_letters(q))
+    assert len(reasons) == 2, out
+    assert "unsigned" in reasons[0] and "signature does not match" in reasons[1]
+    assert [e.result for e in events(broker, q + "-r") if e.kind == "succeeded"] == [4]
+
+
+def test_runner_environment_holds_no_secrets(broker: Broker, sqlite_url: str,
+                                             q: str) -> None:
+    enqueue(broker, task_message("t.env", q, reply_to=q + "-r"), codec=Codec("s3cret"))
+    env = worker_env(sqlite_url, CONVEYOR_SIGNING_KEY="s3cret", DATABASE_URL="postgresql://x",
+                     API_TOKEN="tok")
+    finish(start_worker(sqlite_url, q, env=env))
+    [done] = [e for e in events(broker, q + "-r") if e.kind == "succeeded"]
+    leaked = [k for k in done.result["environ"] if k.startswith("CONVEYOR_")
+              or k in ("DATABASE_URL", "API_TOKEN")]
+    assert leaked == []
+    assert "s3cret" not in done.result["proc_environ"]
+    assert "sqlite:" not in done.result["proc_environ"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
+def test_siblings_cannot_read_each_other(broker: Broker, sqlite_url: str, q: str,
+                                         tmp_path: Path) -> None:
+    """Scenario 8: runners as uid 65534 cannot read a sibling runner's environ or memory,
+    while the same read of a dumpable process of that uid succeeds."""
+    shared = Path(tempfile.mkdtemp(prefix="conveyor-sib-"))  # pytest's tmp is root-only
+    shared.chmod(0o777)
+    victim_pid = shared / "victim.pid"
+    # started as 65534 by exec (not setuid after start, which would make it non-dumpable)
+    control = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
+    try:
+        enqueue(broker, task_message("t.sleep", q, 3, str(victim_pid)))
+        enqueue(broker, task_message("t.spy", q, str(victim_pid), control.pid,
+                                     reply_to=q + "-r"))
+        out = finish(start_worker(sqlite_url, q, "--concurrency=2", "--uid=65534",
+                                  "--gid=65534"))
+    finally:
+        control.kill()
+        control.wait()
+        shutil.rmtree(shared)
+    [spied] = [e.result for e in events(broker, q + "-r") if e.kind == "succeeded"]
+    assert spied == {"victim_environ": "PermissionError", "victim_mem": "PermissionError",
+                     "control_environ": "readable"}, out
+
+
+def test_sigterm_drains_running_tasks_and_fetches_nothing_new(broker: Broker,
+                                                              sqlite_url: str, q: str) -> None:
+    enqueue(broker, task_message("t.sleep", q, 1.5, reply_to=q + "-r"))
+    worker = start_worker(sqlite_url, q, "--concurrency=1", burst=False)
+    wait_event(broker, q + "-r", "started")
+    enqueue(broker, task_message("t.add", q, 1, 1, reply_to=q + "-r"))
+    stop(worker)
+    out = finish(worker)
+    assert worker.returncode == 0, out
+    kinds = [e.kind for e in events(broker, q + "-r")]
+    assert "succeeded" in kinds and "started" not in kinds, out
+    assert broker.depth(q).ready == 1
+
+
+def test_drain_timeout_requeues_without_spending_retries(broker: Broker, sqlite_url: str,
+                                                         q: str) -> None:
+    enqueue(broker, task_message("t.sleep", q, 60, reply_to=q + "-r", max_retries=0))
+    worker = start_worker(sqlite_url, q, "--drain-timeout=1", burst=False)
+    wait_event(broker, q + "-r", "started")
+    stop(worker)
+    out = finish(worker, timeout=30)
+    assert worker.returncode == 0, out
+    assert "interrupted" in [e.kind for e in events(broker, q + "-r")], out
+    assert broker.depth(q) == Depth(1, 0, 0, 0)
+    [delivery] = [d for d in [next(broker.consume([q], timeout=1))] if d]
+    assert Codec().decode(delivery.body).attempt == 1 and delivery.delivery_count == 2
+
+
+def test_second_signal_is_a_cold_shutdown(broker: Broker, sqlite_url: str, q: str) -> None:
+    enqueue(broker, task_message("t.sleep", q, 60, reply_to=q + "-r"))
+    worker = start_worker(sqlite_url, q, "--drain-timeout=60", burst=False)
+    wait_event(broker, q + "-r", "started")
+    stop(worker)
+    time.sleep(0.3)
+    stop(worker, signal.SIGINT)
+    started = time.monotonic()
+    out = finish(worker, timeout=30)
+    assert time.monotonic() - started < 10, out
+    assert broker.depth(q).ready == 1
+
+
+@pytest.fixture(params=ENABLED)
+def any_broker_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> str:
+    from tests.conftest import require_service
+    service, make_url = TRANSPORTS[request.param]
+    if service:
+        require_service(service)
+    return make_url(tmp_path, unique)
+
+
+def test_kill_9_of_a_worker_mid_task_loses_nothing(any_broker_url: str, q: str,
+                                                   tmp_path: Path) -> None:
+    broker = open_broker(any_broker_url)
+    log = tmp_path / "log"
+    try:
+        enqueue(broker, task_message("t.hang_once", q, str(log), "A", reply_to=q + "-r"))
+        doomed = start_worker(any_broker_url, q, burst=False)
+        wait_event(broker, q + "-r", "started")
+        doomed.kill()
+        finish(doomed)
+        runner_pid = int(log.read_text().split()[2])
+        _wait_gone(runner_pid)
+        enqueue(broker, task_message("t.record", q, str(log), "B", 0, reply_to=q + "-r"))
+        survivor = start_worker(any_broker_url, q, "--time-limit=60", "--concurrency=2")
+        out = finish(survivor, timeout=90)
+        lines = log.read_text().splitlines()
+        assert "done A" in lines and "done B" in lines, out
+        assert broker.depth(q).active == 0
+    finally:
+        broker.purge(q)
+        broker.purge(q + "-r")
+        broker.close()
+
+
+def _wait_gone(pid: int, timeout: float = 10) -> None:
+    """The runner dies with its worker (parent-death signal); nothing is left behind."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"runner {pid} outlived its killed worker")
