@@ -44,14 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--broker", default=None, help="broker URL (default: embedded SQLite)")
     demo.add_argument("--count", type=int, default=5)
     demo.set_defaults(run=cmd_demo)
+    from conveyor import enqueue
     from conveyor.worker import cli as worker_cli
     worker_cli.register(commands)
+    enqueue.register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         run: Command = args.run
         return run(args)
     except ConveyorError as exc:
