@@ -1,0 +1,212 @@
+"""What a task runner does to itself before user code runs, so tasks cannot read each other.
+
+Order in the runner (each step says why it sits where it does):
+
+    slot.enter()              first, while still privileged: cgroup.procs is the worker's
+    close_inherited_fds(keep) before user code can find the worker's sockets and pipes
+    scrub_environment(...)    the environment a task (and anything it execs) sees
+    drop_privileges(uid, gid) the kernel (commit_creds) resets dumpability to
+                              fs.suid_dumpable and clears the parent-death signal on a uid
+                              change; drop_privileges puts both back as they were
+    make_non_dumpable()       after the drop too, so no host setting can undo it
+
+What these steps do not do. A forked runner is a copy of its parent's memory: scrubbing
+os.environ does not erase the parent's initial environment block (/proc/<pid>/environ shows
+it) nor credentials held in its objects. The runner must therefore be forked from a process
+that never held them (Conveyor forks runners from a zygote exec'd with a scrubbed
+environment), and non-dumpable so that siblings cannot read it through /proc or ptrace.
+/proc/<pid>/cmdline stays world-readable: never put secrets in argv.
+
+Exec'd commands (command workloads). The kernel decides dumpability again at execve:
+it is set to fs.suid_dumpable only if the binary is unreadable to the caller or the exec
+changed credentials (setuid/setgid binary, euid != uid or egid != gid); for a plain exec it
+is set back to 1. An exec'd command is therefore dumpable again: any process of the same
+uid may read its /proc/<pid>/environ and /proc/<pid>/mem and ptrace it. What remains is the
+cgroup cap (inherited across exec), the uid drop, the scrubbed environment and the closed
+descriptors. Run command workloads under a uid of their own if tasks must not read them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+from conveyor.errors import ConveyorError
+
+PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
+PR_GET_DUMPABLE = 3
+PR_SET_DUMPABLE = 4
+
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded once here, not on the per-task fork path
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+# A name is secret if it contains one of these anywhere (upper-cased) ...
+_SECRET_PARTS = ("PASSWORD", "PASSWD", "PASSPHRASE", "PASSFILE", "SECRET", "TOKEN", "CREDENTIAL",
+                 "KEY", "PRIVATE", "COOKIE")
+# ... or one of these as a whole '_'-separated word ...
+_SECRET_WORDS = frozenset({"PASS", "AUTH", "DSN", "SALT", "JWT"})
+# ... or it names a connection to a broker or a database (FOO_DATABASE_URL, REDIS_URI, ...).
+_SERVICE_URL = re.compile(
+    r"(^|_)(DATABASE|DB|BROKER|REDIS|AMQP|RABBITMQ|POSTGRES|POSTGRESQL|PG|MYSQL|MARIADB|MONGO"
+    r"|MONGODB|SQLALCHEMY_DATABASE|CELERY_RESULT_BACKEND|RESULT_BACKEND|KAFKA|NATS|MEMCACHED"
+    r"|ELASTICSEARCH|SMTP)_?(URL|URI|ADDR|ADDRESS|CONN|CONNECTION|CONNECTION_STRING)$")
+# Whatever the name: a value that carries credentials in a URL (scheme://user:pass@host).
+_URL_WITH_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]*:[^/@\s]+@")
+
+
+class IsolationError(ConveyorError):
+    """A runner could not isolate itself; it must not run the task without it."""
+
+
+def make_non_dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): no /proc/<pid>/mem, environ, ptrace for same-uid siblings.
+
+    Non-dumpable also means no core dump and /proc/<pid> files owned by root. Call after
+    drop_privileges (a uid change resets the flag) and again after any later credential
+    change; an exec resets it too (see the module docstring).
+    """
+    if _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise IsolationError(f"prctl(PR_SET_DUMPABLE, 0) failed: {os.strerror(code)}; the "
+                             f"runner would be readable by other processes of its uid")
+    if is_dumpable():
+        raise IsolationError("prctl(PR_SET_DUMPABLE, 0) returned success but the process is "
+                             "still dumpable (a seccomp filter or LSM may be faking prctl)")
+
+
+def is_dumpable() -> bool:
+    """Whether other processes of this uid may read this one through /proc and ptrace."""
+    return _prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1
+
+
+def drop_privileges(uid: int | None, gid: int | None) -> None:
+    """setgroups([]), then setresgid, then setresuid (real, effective, saved all changed).
+
+    The order matters: after the uid change the process may no longer change groups. None
+    leaves that id alone; both None is a no-op. Dropping the uid while keeping gid 0 is
+    refused: root's group opens files a task should not see. Verified afterwards, including
+    that root cannot be regained. Calling it again with the same ids (a runner that runs
+    several tasks) is a no-op, not an error.
+
+    The kernel clears the parent-death signal and resets dumpability on a uid change; both
+    are restored here, so a runner still dies with its worker and stays non-dumpable. If
+    the parent died during the drop, IsolationError: the runner must not go on orphaned.
+    """
+    if _already(uid, gid):
+        return
+    if gid is None and os.getegid() == 0:
+        raise IsolationError(f"refusing to drop to uid {uid} while keeping gid 0: give a gid "
+                             f"too (e.g. --gid 65534)")
+    parent, death_signal, dumpable = os.getppid(), _parent_death_signal(), is_dumpable()
+    _switch_ids(uid, gid)
+    _verify_dropped(uid, gid)
+    if not dumpable:
+        make_non_dumpable()
+    if death_signal:
+        _prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+        if os.getppid() != parent:
+            raise IsolationError(f"the parent (pid {parent}) exited while privileges were "
+                                 f"being dropped; not running a task without its worker")
+
+
+def _parent_death_signal() -> int:
+    signal_number = ctypes.c_int(0)
+    _prctl(PR_GET_PDEATHSIG, ctypes.addressof(signal_number), 0, 0, 0)
+    return signal_number.value
+
+
+def _switch_ids(uid: int | None, gid: int | None) -> None:
+    try:
+        os.setgroups([])
+        if gid is not None:
+            os.setresgid(gid, gid, gid)
+        if uid is not None:
+            os.setresuid(uid, uid, uid)
+    except PermissionError:
+        raise IsolationError(f"cannot drop to uid {uid} gid {gid}: this worker runs as uid "
+                             f"{os.getuid()} without CAP_SETUID/CAP_SETGID; start it as root "
+                             f"to use --uid/--gid, or leave them unset") from None
+
+
+def _already(uid: int | None, gid: int | None) -> bool:
+    """Whether the process already runs as `uid`/`gid` with no supplementary groups."""
+    if uid is None and gid is None:
+        return True
+    return ((uid is None or os.getresuid() == (uid, uid, uid))
+            and (gid is None or os.getresgid() == (gid, gid, gid))
+            and os.getgroups() in ([], [gid]))
+
+
+def _verify_dropped(uid: int | None, gid: int | None) -> None:
+    """Trust but verify (CERT POS37-C): ids changed, groups gone, root not regainable."""
+    if uid is not None and os.getresuid() != (uid, uid, uid):
+        raise IsolationError(f"uid drop to {uid} did not take: uids are {os.getresuid()}")
+    if gid is not None and os.getresgid() != (gid, gid, gid):
+        raise IsolationError(f"gid drop to {gid} did not take: gids are {os.getresgid()}")
+    if os.getgroups() not in ([], [gid]):
+        raise IsolationError(f"supplementary groups remain after the drop: {os.getgroups()}")
+    if uid not in (None, 0):
+        try:
+            os.setuid(0)
+        except PermissionError:
+            return
+        raise IsolationError(f"after dropping to uid {uid} the process could become root again")
+
+
+def scrub_environment(env: Mapping[str, str], allow: Iterable[str] = (),
+                      deny: Iterable[str] = ()) -> dict[str, str]:
+    """A copy of `env` without the worker's secrets, for runners and the commands they exec.
+
+    Removed: every CONVEYOR_* variable (broker URL, state URL, signing key), names that look
+    secret (PASSWORD, SECRET, TOKEN, KEY, CREDENTIAL, AUTH, *_DSN, ...), broker and database
+    connection names (DATABASE_URL, BROKER_URL, REDIS_URL, AMQP_URL, ...), any value that is a
+    URL with a password in it, and the names in `deny`. Names in `allow` are kept whatever
+    they look like. PATH, HOME, LANG, LC_*, TZ, PYTHONPATH, TMPDIR ... stay. Erring towards
+    removal is deliberate: a task that misses a variable fails loudly; a leaked secret does
+    not.
+    """
+    allowed, denied = frozenset(allow), frozenset(deny)
+    return {name: value for name, value in env.items()
+            if name in allowed or not (name in denied or is_secret(name, value))}
+
+
+def is_secret(name: str, value: str = "") -> bool:
+    """Whether `scrub_environment` removes this variable (without allow/deny lists)."""
+    upper = name.upper()
+    if upper.startswith("CONVEYOR_") or _URL_WITH_PASSWORD.match(value):
+        return True
+    if any(part in upper for part in _SECRET_PARTS):
+        return True
+    return bool(_SECRET_WORDS.intersection(upper.split("_"))) or bool(_SERVICE_URL.search(upper))
+
+
+def close_inherited_fds(keep: Iterable[int] = ()) -> None:
+    """Close every descriptor >= 3 except those in `keep`: nothing of the worker leaks in.
+
+    os.closerange uses close_range(2) where the kernel has it (Linux 5.9+); the upper bound
+    is the highest descriptor actually open (read from /proc/self/fd), so the fallback loop
+    on older kernels stays short too.
+    """
+    low = 3
+    for fd in sorted({fd for fd in keep if fd >= 3}):
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _fd_ceiling())
+
+
+def _fd_ceiling() -> int:
+    """One past the highest open descriptor (the soft RLIMIT_NOFILE if /proc is missing)."""
+    try:
+        return max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
+    except (OSError, ValueError):
+        return os.sysconf("SC_OPEN_MAX")
+
+
+__all__ = ["IsolationError", "close_inherited_fds", "drop_privileges", "is_dumpable",
+           "is_secret", "make_non_dumpable", "scrub_environment"]
