@@ -8,7 +8,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from conveyor.broker import Broker, from_url
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, REDIS_URL, require_service
@@ -21,7 +23,7 @@ TRANSPORTS: dict[str, tuple[str | None, Callable[[Path, str], str]]] = {
     "rabbitmq": ("rabbitmq", lambda tmp, name: RABBITMQ_URL),
 }
 # Transports that pass the suite; a transport joins this list when it is done.
-ENABLED = ["sqlite"]
+ENABLED = ["sqlite", "postgres"]
 
 
 @pytest.fixture(params=ENABLED)
@@ -30,6 +32,17 @@ def transport(request: pytest.FixtureRequest) -> str:
     if service:
         require_service(service)
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _drop_postgres_schema(request: pytest.FixtureRequest, unique: str) -> Iterator[None]:
+    """After a postgres run of a test, drop the schema its broker URL named (`unique`)."""
+    yield
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("transport") == "postgres":
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                sql.Identifier(unique)))
 
 
 @pytest.fixture

@@ -1,0 +1,430 @@
+"""Postgres transport: queues in one table, claimed with `FOR UPDATE SKIP LOCKED`.
+
+URL: `postgresql://user@host:5432/db?schema=conveyor&ack_commit=async`. Conveyor's options:
+`schema` (default `conveyor`) holds the tables, created and migrated on first use;
+`ack_commit` is `async` (default) or `sync`, see Durability. Every other option goes to libpq.
+
+* Claim: one statement locks up to `limit` ready rows (priority, then age) with
+  `SKIP LOCKED` and leases them: `locked_until` plus a per-claim token that ack, retry,
+  dead-letter and heartbeat must present, so a consumer whose lease expired cannot settle a
+  message someone else now owns (`LeaseLost`). An expired lease is ready again: crash recovery.
+  The base loop asks for `prefetch - outstanding` at once, so one round trip serves a batch.
+* Durability: publish, retry, dead-letter and heartbeat return after their commit is flushed
+  (`synchronous_commit` as the server has it). Two commits do not wait for the flush, because
+  losing them can only cause a redelivery, never a loss:
+  - the claim: lost to a Postgres crash, the row is simply ready again;
+  - the ack, unless `ack_commit=sync`: when `ack` returns the row is deleted and committed,
+    so a consumer crash afterwards loses nothing and no one else can claim the message; but
+    if Postgres or its host crashes (or fails over to a standby) within the WAL writer's
+    flush interval (3 x `wal_writer_delay`, 600 ms by default), the deletion is undone and
+    the message is delivered again once its lease expires, with its delivery count grown.
+    That halves the cost of an ack; the worker's outcome was recorded before it acked, so a
+    redelivery finds it. Use `ack_commit=sync` to make every ack wait for the flush.
+* Wake-up: every write that makes work available sends `NOTIFY conveyor_<schema>, '<queue>'`
+  in its transaction (Postgres folds duplicates, and delivers only on commit). A consumer
+  LISTENs on a second, autocommit connection and sleeps in `select()` on its socket and a
+  self-pipe (`wakeup()`), for at most the time until its next delayed row or lease is due, and
+  never longer than `POLL_FALLBACK`.
+* Connection loss: the operation reconnects with exponential backoff (tenacity), logging a
+  WARNING each time, for up to `reconnect_timeout` seconds, then raises
+  `BrokerConnectionError`. A consumer re-LISTENs and claims at once after a reconnect, since
+  notifications sent while it was away are gone. A publish or claim cut off mid-commit may
+  have happened: the publish is sent again (at-least-once: a duplicate, never a loss) and a
+  claimed row comes back when its lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
+
+from conveyor import sqlfiles
+from conveyor.broker import redact
+from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
+from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Connection = psycopg.Connection[Any]
+Cursor = psycopg.Cursor[Any]
+
+Q = sqlfiles.load("conveyor.broker", "sql/postgres.sql")
+#: (version, query name) of every schema migration, in order.
+MIGRATIONS = sorted((int(m[1]), m[0]) for name in Q
+                    if (m := re.fullmatch(r"migration_(\d+)", name)))
+#: Longest sleep without a wake-up: a safety net should a notification ever be missed.
+POLL_FALLBACK = 5.0
+DEFAULT_SCHEMA = "conveyor"
+#: Lowercase so it needs no quoting anywhere; short enough that `conveyor_<schema>` is a
+#: valid NOTIFY channel (63 bytes at most).
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,53}")
+_ACK_COMMITS = {"async": "ack_async", "sync": "ack"}
+#: libpq settings that matter to a long-lived broker connection, unless the URL sets them:
+#: fail a connect attempt in 10 s instead of never, and notice a dead peer in ~1 min.
+_CONNECT_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
+                     "keepalives_interval": "10", "keepalives_count": "3"}
+#: SQLSTATEs that mean the session is gone (the server sends them as it drops us).
+_SESSION_GONE = {"57P01", "57P02", "57P03"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a broker URL says: libpq parameters, plus Conveyor's own options."""
+
+    params: dict[str, Any]
+    schema: str
+    ack_query: str
+
+
+def parse_url(url: str) -> Settings:
+    """`postgresql://…?schema=x&ack_commit=sync&…` -> Settings; ConfigError if invalid."""
+    parts = urlsplit(url)
+    options = parse_qsl(parts.query, keep_blank_values=True)
+    own = {k: v for k, v in options if k in ("schema", "ack_commit")}
+    schema, ack_commit = own.get("schema", DEFAULT_SCHEMA), own.get("ack_commit", "async")
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise ConfigError(
+            f"Postgres broker URL {redact(url)!r}: schema {schema!r} is not allowed; use "
+            "lowercase letters, digits and _ (not first), at most 54 characters")
+    if ack_commit not in _ACK_COMMITS:
+        raise ConfigError(f"Postgres broker URL {redact(url)!r}: ack_commit={ack_commit!r}; "
+                          "use ack_commit=async (the default) or ack_commit=sync")
+    rest = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in options
+                                                      if k not in own])))
+    try:
+        params = conninfo_to_dict(rest)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"Postgres broker URL {redact(url)!r} is not valid: {exc}") from exc
+    # Tables are unqualified in the SQL: the schema is every session's search_path.
+    params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
+    return Settings({**_CONNECT_DEFAULTS, **params}, schema, _ACK_COMMITS[ack_commit])
+
+
+def is_connection_loss(exc: BaseException) -> bool:
+    """Whether `exc` means the connection is gone (so reconnecting may help), not a bad query."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    return exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate in _SESSION_GONE
+
+
+class PostgresBroker(Broker):
+    """Queues in one Postgres table per schema; see the module docstring for the design."""
+
+    def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS, *,
+                 reconnect_timeout: float = 60.0) -> None:
+        super().__init__(lease_seconds)
+        self.url = redact(url)
+        self.settings = parse_url(url)
+        self.schema = self.settings.schema
+        self.reconnect_timeout = reconnect_timeout
+        self._channel = f"conveyor_{self.schema}"
+        #: Starts every application_name of this broker: find its sessions in pg_stat_activity.
+        prefix = self.settings.params.get("application_name") or "conveyor"
+        self.name = f"{prefix}:{uuid.uuid4().hex[:8]}"
+        self._leases: dict[int, uuid.UUID] = {}  # row id -> lease token, for release on close
+        self._prefetch = 1
+        self._closed = False
+        self._listener: Connection | None = None
+        self._pipe_r, self._pipe_w = os.pipe()
+        for fd in (self._pipe_r, self._pipe_w):
+            os.set_blocking(fd, False)
+        try:
+            self._cur: Cursor | None = self._connect("main").cursor()
+        except psycopg.OperationalError as exc:
+            self._close_pipe()
+            raise BrokerConnectionError(
+                f"cannot connect to the Postgres broker at {self.url}: {_one_line(exc)}; "
+                "check the URL, that the server is up, and that it accepts this user") from exc
+        try:
+            self._run("schema migration", lambda cur: self._migrate(cur.connection))
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connections and schema -----------------------------------------------------------
+
+    def _connect(self, role: str) -> Connection:
+        """A new autocommit session; its application_name says whose and what for."""
+        return psycopg.connect(**{**self.settings.params,
+                                  "application_name": f"{self.name}:{role}"}, autocommit=True)
+
+    def _migrate(self, conn: Connection) -> None:
+        """Create or upgrade the schema, unless it is current (then no lock, no DDL rights)."""
+        if self._schema_version(conn) >= MIGRATIONS[-1][0]:
+            return
+        with conn.transaction():
+            conn.execute(Q["migration_lock"], {"schema": self.schema})
+            conn.execute(sql.SQL(Q["create_schema"]).format(schema=sql.Identifier(self.schema)))
+            current = self._schema_version(conn)
+            for version, name in MIGRATIONS:
+                if version > current:
+                    conn.execute(Q[name])
+                    conn.execute(Q["record_migration"], {"version": version})
+                    log.info("Postgres broker schema %r migrated to version %d",
+                             self.schema, version)
+
+    @staticmethod
+    def _schema_version(conn: Connection) -> int:
+        """The applied schema version; 0 when the schema or its migrations table is missing."""
+        if conn.execute("SELECT to_regclass('conveyor_migrations')").fetchone() == (None,):
+            return 0
+        row = conn.execute(Q["schema_version"]).fetchone()
+        return int(row[0]) if row else 0
+
+    def _run(self, what: str, fn: Callable[[Cursor], T]) -> T:
+        """`fn(cursor of the main session)`; if the session is lost, reconnect and run it again.
+
+        The happy path costs one check: no retry machinery around every ack.
+        """
+        cur = self._cur
+        if cur is not None and not cur.connection.closed:
+            try:
+                return fn(cur)
+            except psycopg.OperationalError as exc:
+                if not (cur.connection.closed or is_connection_loss(exc)):
+                    raise
+                log.warning("Postgres connection lost during %s on %s (%s); reconnecting and "
+                            "retrying", what, self.url, _one_line(exc))
+        return self._reconnecting(what, lambda: fn(self._main_cursor()))
+
+    def _main_cursor(self) -> Cursor:
+        """The main session's cursor, reconnected if the session is gone."""
+        if self._closed:
+            raise BrokerError(f"the Postgres broker for {self.url} is closed; open a new one")
+        if self._cur is None or self._cur.connection.closed:
+            if self._cur is not None:
+                self._cur.connection.close()
+            self._cur = self._connect("main").cursor()
+        return self._cur
+
+    def _reconnecting(self, what: str, attempt: Callable[[], T]) -> T:
+        """`attempt()` with exponential backoff while Postgres cannot be reached."""
+        retrying = Retrying(retry=retry_if_exception(is_connection_loss),
+                            stop=stop_after_delay(self.reconnect_timeout),
+                            wait=wait_exponential(multiplier=0.05, max=5.0) + wait_random(0, 0.1),
+                            before_sleep=lambda state: self._log_retry(what, state),
+                            reraise=True)
+        try:
+            return retrying(attempt)
+        except psycopg.OperationalError as exc:
+            if not is_connection_loss(exc):
+                raise
+            raise BrokerConnectionError(
+                f"{what}: the Postgres broker at {self.url} stayed unreachable for "
+                f"{self.reconnect_timeout:g} s ({_one_line(exc)}); check that the server is "
+                "up and reachable from here") from exc
+
+    def _log_retry(self, what: str, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        log.warning("Postgres %s on %s failed (%s); reconnecting, attempt %d in %.2f s "
+                    "(giving up after %g s)", what, self.url, _one_line(exc),
+                    state.attempt_number + 1, delay, self.reconnect_timeout)
+
+    # -- the seam -----------------------------------------------------------------------
+
+    def publish(self, queue: str, body: bytes, *, priority: int = 0,
+                delay: float = 0.0) -> None:
+        params = {"queue": queue, "body": body, "priority": priority,
+                  "delay": max(0.0, delay), "channel": self._channel}
+        self._run("publish", lambda cur: cur.execute(Q["publish"], params))
+
+    def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
+        self._prefetch = prefetch
+        if self._listener is None:
+            self._listener = self._reconnecting("LISTEN", self._listen)
+
+    def _listen(self) -> Connection:
+        """A fresh session LISTENing on this schema's channel."""
+        if self._closed:
+            raise BrokerError(f"the Postgres broker for {self.url} is closed; open a new one")
+        conn = self._connect("listen")
+        try:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        lease = uuid.uuid4()
+        claimed: list[Delivery] = []
+        for queue in queues:
+            claimed += self._claim_from(queue, limit - len(claimed), lease)
+            if len(claimed) >= limit:
+                break
+        for delivery in claimed:
+            self._leases[delivery.receipt[0]] = lease
+        return claimed
+
+    def _claim_from(self, queue: str, limit: int, lease: uuid.UUID) -> list[Delivery]:
+        """One claim statement on one queue, in delivery order."""
+        params = {"queue": queue, "limit": limit, "lease": lease,
+                  "lease_seconds": self.lease_seconds}
+        rows = self._run("claim", lambda cur: cur.execute(Q["claim"], params).fetchall())
+        rows.sort(key=lambda r: (-r[3], r[0]))  # RETURNING order is not guaranteed
+        return [Delivery(queue=queue, body=r[1], delivery_count=r[2], receipt=(r[0], lease),
+                         priority=r[3]) for r in rows]
+
+    def _wait(self, queues: Sequence[str], timeout: float) -> None:
+        """Sleep until a NOTIFY for one of `queues`, a wake-up, a due row, or `timeout`."""
+        seconds = min(timeout, POLL_FALLBACK)
+        if self.outstanding < self._prefetch and not self._paused:  # a claim comes next
+            due = self._run("wait", lambda cur: cur.execute(
+                Q["seconds_until_due"], {"queues": list(queues)}).fetchone())
+            if due is not None and due[0] is not None:
+                seconds = min(seconds, max(0.001, due[0]))
+        self._sleep(set(queues), seconds)
+
+    def _sleep(self, queues: set[str], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            listener = self._listener or self._reconnecting("LISTEN", self._listen)
+            self._listener = listener
+            readable, _, _ = select.select([listener.fileno(), self._pipe_r], [], [], remaining)
+            if self._pipe_r in readable:
+                self._drain_pipe()
+                return
+            if readable and self._notified(listener, queues):
+                return
+
+    def _notified(self, listener: Connection, queues: set[str]) -> bool:
+        """Read what arrived; True if `queues` may have new work (or we had to reconnect)."""
+        try:
+            payloads = {n.payload for n in listener.notifies(timeout=0)}
+        except psycopg.OperationalError as exc:
+            log.warning("Postgres connection lost while listening for new messages on %s "
+                        "(%s); reconnecting and listening again", self.url, _one_line(exc))
+            listener.close()
+            self._listener = None
+            self._listener = self._reconnecting("LISTEN", self._listen)
+            return True  # notifications sent meanwhile are lost: claim now to be sure
+        return not queues.isdisjoint(payloads)
+
+    def _settle(self, delivery: Delivery, query: str, **params: Any) -> None:
+        row_id, lease = delivery.receipt
+        args = {"id": row_id, "lease": lease, "channel": self._channel, **params}
+        count = self._run(query, lambda cur: cur.execute(Q[query], args).rowcount)
+        if query != "extend_lease":
+            self._leases.pop(row_id, None)
+            self._settled()
+        if count != 1:
+            raise LeaseLost(f"{query} of message {row_id} on queue {delivery.queue!r}: its "
+                            "lease expired and it was claimed again (or, if the connection "
+                            "was lost just now, this was recorded before); do not assume the "
+                            "outcome was recorded, the other consumer's will be")
+
+    def ack(self, delivery: Delivery) -> None:
+        self._settle(delivery, self.settings.ack_query)
+
+    def retry_later(self, delivery: Delivery, delay: float = 0.0,
+                    body: bytes | None = None) -> None:
+        self._settle(delivery, "retry_later", delay=max(0.0, delay), body=body)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self._settle(delivery, "dead_letter", reason=reason)
+
+    def extend_lease(self, delivery: Delivery, seconds: float | None = None) -> None:
+        self._settle(delivery, "extend_lease", seconds=seconds or self.lease_seconds)
+
+    def depth(self, queue: str) -> Depth:
+        row = self._run("depth", lambda cur: cur.execute(Q["depth"], {"queue": queue})
+                        .fetchone())
+        assert row is not None, "an aggregate always returns a row"
+        return Depth(*(int(v) for v in row))
+
+    def _interrupt_wait(self) -> None:
+        try:
+            os.write(self._pipe_w, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+        except OSError:
+            pass  # closed (fd -1): nobody is waiting any more
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._pipe_r, 512):
+                pass
+        except BlockingIOError:
+            return
+
+    def close(self) -> None:
+        """Give back unsettled deliveries (ready at once), then close both sessions."""
+        self._release_held()
+        self._closed = True
+        for conn in (self._listener, self._cur.connection if self._cur else None):
+            if conn is not None:
+                conn.close()
+        self._listener = self._cur = None
+        self._close_pipe()
+
+    def _release_held(self) -> None:
+        """One statement, no reconnecting: close() must not hang on a dead server."""
+        if not self._leases:
+            return
+        held = list(self._leases.items())
+        self._leases.clear()
+        params = {"ids": [i for i, _ in held], "leases": [lease for _, lease in held],
+                  "channel": self._channel}
+        try:
+            if self._cur is None or self._cur.connection.closed:
+                raise psycopg.OperationalError("the connection is closed")
+            self._cur.execute(Q["release"], params)
+        except psycopg.Error as exc:
+            log.warning("could not give back %d unsettled deliveries on close (%s); they will "
+                        "be redelivered when their leases expire, within %g s",
+                        len(held), _one_line(exc), self.lease_seconds)
+
+    def _close_pipe(self) -> None:
+        for fd in (self._pipe_r, self._pipe_w):
+            if fd >= 0:
+                os.close(fd)
+        self._pipe_r = self._pipe_w = -1
+
+    # -- admin ------------------------------------------------------------------------------
+
+    def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetter]:
+        rows = self._run("dead_letters", lambda cur: cur.execute(
+            Q["dead_letters"], {"queue": queue, "limit": limit}).fetchall())
+        return [DeadLetter(id=str(r[0]), queue=r[1], body=r[2], reason=r[3], dead_at=r[4],
+                           delivery_count=r[5]) for r in rows]
+
+    def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        try:
+            numbers = None if ids is None else [int(i) for i in ids]
+        except ValueError as exc:
+            raise ValueError(f"requeue_dead on queue {queue!r}: dead-letter ids are the "
+                             f"numbers dead_letters() returns, got {list(ids or [])!r}") from exc
+        params = {"queue": queue, "ids": numbers, "channel": self._channel}
+        row = self._run("requeue_dead", lambda cur: cur.execute(Q["requeue_dead"], params)
+                        .fetchone())
+        return int(row[0]) if row else 0
+
+    def purge(self, queue: str) -> int:
+        return self._run("purge", lambda cur: cur.execute(Q["purge"], {"queue": queue})
+                         .rowcount)
+
+
+def _one_line(exc: BaseException | None) -> str:
+    """libpq messages span lines; a log line should not."""
+    return " ".join(str(exc).split()) if exc is not None else "unknown error"
