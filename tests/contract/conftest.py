@@ -23,7 +23,7 @@ TRANSPORTS: dict[str, tuple[str | None, Callable[[Path, str], str]]] = {
     "rabbitmq": ("rabbitmq", lambda tmp, name: RABBITMQ_URL),
 }
 # Transports that pass the suite; a transport joins this list when it is done.
-ENABLED = ["sqlite", "postgres"]
+ENABLED = ["sqlite", "redis", "postgres"]
 
 
 @pytest.fixture(params=ENABLED)
