@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from conveyor.broker.postgres import POLL_FALLBACK, PostgresBroker, parse_url
-from conveyor.errors import ConfigError, LeaseLost
+from conveyor.errors import BrokerError, ConfigError, LeaseLost
 from tests.conftest import POSTGRES_URL, require_service
 from tests.contract.conftest import ENV
 
@@ -227,3 +227,11 @@ def test_bad_url_options_stop_at_start_with_a_clear_error(option: str, complaint
     with pytest.raises(ConfigError, match=complaint) as error:
         parse_url(f"postgresql://u:secret@db/app?{option}")
     assert "secret" not in str(error.value)
+
+
+def test_a_closed_broker_says_so_instead_of_reconnecting(open_broker: OpenBroker,
+                                                          unique: str) -> None:
+    broker = open_broker()
+    broker.close()
+    with pytest.raises(BrokerError, match="is closed"):
+        broker.publish(f"q-{unique}", b"x")

@@ -145,6 +145,7 @@ class PostgresBroker(Broker):
         self._prefetch = 1
         self._closed = False
         self._listener: Connection | None = None
+        self._next_read = 0.0  # monotonic time to read piled-up notifications again
         self._pipe_r, self._pipe_w = os.pipe()
         for fd in (self._pipe_r, self._pipe_w):
             os.set_blocking(fd, False)
@@ -157,6 +158,12 @@ class PostgresBroker(Broker):
                 "check the URL, that the server is up, and that it accepts this user") from exc
         try:
             self._run("schema migration", lambda cur: self._migrate(cur.connection))
+        except psycopg.Error as exc:
+            self.close()
+            raise BrokerError(
+                f"cannot create or migrate the broker schema {self.schema!r} at {self.url}: "
+                f"{_one_line(exc)}; start a broker once as a user allowed to create schemas "
+                "in this database, or ask its owner to") from exc
         except BaseException:
             self.close()
             raise
@@ -267,6 +274,7 @@ class PostgresBroker(Broker):
         return conn
 
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        self._read_piled_up_notifications()
         lease = uuid.uuid4()
         claimed: list[Delivery] = []
         for queue in queues:
@@ -285,6 +293,19 @@ class PostgresBroker(Broker):
         rows.sort(key=lambda r: (-r[3], r[0]))  # RETURNING order is not guaranteed
         return [Delivery(queue=queue, body=r[1], delivery_count=r[2], receipt=(r[0], lease),
                          priority=r[3]) for r in rows]
+
+    def _read_piled_up_notifications(self) -> None:
+        """Once a second, read what a busy consumer (one that never waits) was sent.
+
+        Why: Postgres cannot truncate its notification queue, shared by the whole cluster,
+        past a listener that stopped reading; unread, it grows by every NOTIFY anywhere.
+        """
+        now = time.monotonic()
+        if self._listener is None or now < self._next_read:
+            return
+        self._next_read = now + 1.0
+        if select.select([self._listener.fileno()], [], [], 0)[0]:
+            self._notified(self._listener, set())  # we claim anyway: only the reading counts
 
     def _wait(self, queues: Sequence[str], timeout: float) -> None:
         """Sleep until a NOTIFY for one of `queues`, a wake-up, a due row, or `timeout`."""
