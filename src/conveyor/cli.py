@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     from conveyor.worker import cli as worker_cli
     worker_cli.register(commands)
     enqueue.register(commands)
+    from conveyor.scheduler import cli as scheduler_cli
+    scheduler_cli.register(commands)
     return parser
 
 

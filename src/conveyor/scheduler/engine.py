@@ -66,6 +66,8 @@ def workload(ti: Row, events_queue: str) -> Workload:
     """The message that runs this attempt of `ti`, and its executor config."""
     spec = json.loads(ti["spec"])
     ref = {"ti": ti["ti_id"], "attempt": str(ti["attempt"])}
+    if spec.get("conf"):
+        ref["conf"] = json.dumps(spec["conf"])
     message = Message(
         queue=ti["queue"], task=spec["task"], command=tuple(spec["command"]),
         args=tuple(spec["args"]), kwargs=spec["kwargs"], priority=ti["priority"],

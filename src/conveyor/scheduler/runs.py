@@ -29,6 +29,7 @@ def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
     if not executors:
         raise RunError("no executor is configured: set --executors (CONVEYOR_EXECUTORS)")
     run_id = new_id(now)
+    extra = {"conf": dict(conf)} if conf else {}   # tasks see it in their 'conf' header
     with store.transaction():
         inserted = store.exec("insert_run", run_id=run_id, dag_id=dag.dag_id,
                               logical_date=now if logical_date is None else logical_date,
@@ -42,7 +43,7 @@ def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
             store.exec("insert_ti", ti_id=new_id(now), run_id=run_id, task_id=task_id,
                        position=position, max_attempts=o.max_attempts,
                        executor=o.executor or executors[0], queue=o.queue,
-                       priority=o.priority, spec=json.dumps(node.spec()),
+                       priority=o.priority, spec=json.dumps({**node.spec(), **extra}),
                        queued_timeout=o.queued_timeout, heartbeat_timeout=o.heartbeat_timeout)
         for upstream, downstream in dag.edges():
             store.exec("insert_edge", run_id=run_id, upstream=upstream, downstream=downstream)

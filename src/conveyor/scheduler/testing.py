@@ -1,12 +1,19 @@
-"""Helpers for tests and benchmarks of the scheduler: an executor that only records.
+"""Helpers for tests of the scheduler: an executor that only records, the command line.
 
-`RecordingExecutor` stands in for a real one when a test drives the engine with a fake
-clock: it keeps each workload it is given, and `events(...)` builds the events a worker
-would send back for one of them.
+`RecordingExecutor` stands in for a real executor when a test drives the engine with a fake
+clock: it keeps each workload it is given, and `event(...)` builds the events a worker would
+send back for one of them. `conveyor`, `spawn` and `stop` run the real command line, and
+never leave a process behind.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from conveyor.events import Event
@@ -41,3 +48,46 @@ class RecordingExecutor(Executor):
 def event(work: Workload, kind: str, at: float, **fields: Any) -> Event:
     """The event a worker would send about `work` at time `at`."""
     return event_for(work.message, kind, at=at, **fields)
+
+
+def conveyor(*args: str, env: Mapping[str, str] | None = None, check: bool = True,
+             timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run `conveyor ARGS…` as a user would, and return what it printed."""
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"conveyor {' '.join(args)} exited {done.returncode}:\n"
+                             f"{done.stdout}\n{done.stderr}")
+    return done
+
+
+def spawn(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `conveyor ARGS…` in the background (stop it with `stop`)."""
+    return subprocess.Popen([sys.executable, "-m", "conveyor.cli", *args],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 20.0) -> int:
+    """SIGTERM, wait up to `grace` seconds, then SIGKILL: never leave it running."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    if proc.stderr is not None:
+        proc.stderr.close()
+    return proc.returncode
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
+    """Check `predicate` every 20 ms until it is truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")

@@ -1,0 +1,77 @@
+"""The scheduler's settings: one frozen dataclass, read from `CONVEYOR_*` in one place.
+
+Precedence, as everywhere in Conveyor: flags > environment > defaults. The CLI passes its
+flags as overrides; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from conveyor.config import Settings
+from conveyor.errors import ConfigError
+from conveyor.scheduler.engine import EVENTS_QUEUE, PUBLISH_GRACE
+
+EXECUTORS = ("queue", "local", "kubernetes")
+CONTROL_QUEUE = "conveyor.scheduler.control"
+#: setting -> the environment variable that sets it
+ENV_VARS = {"dags_folder": "CONVEYOR_DAGS_FOLDER", "executors": "CONVEYOR_EXECUTORS",
+            "events_queue": "CONVEYOR_EVENTS_QUEUE", "local_slots": "CONVEYOR_LOCAL_SLOTS",
+            "kubernetes_namespace": "CONVEYOR_KUBERNETES_NAMESPACE",
+            "kubernetes_image": "CONVEYOR_KUBERNETES_IMAGE",
+            "kubernetes_pending_timeout": "CONVEYOR_KUBERNETES_PENDING_TIMEOUT"}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What `conveyor scheduler` and the `dags`/`runs`/`submit` commands need."""
+
+    settings: Settings = field(default_factory=Settings)   # broker, state store, signing
+    dags_folder: str = "dags"
+    executors: tuple[str, ...] = ("queue",)
+    events_queue: str = EVENTS_QUEUE
+    control_queue: str = CONTROL_QUEUE
+    publish_grace: float = PUBLISH_GRACE
+    local_slots: int = 4
+    kubernetes_namespace: str = "default"
+    kubernetes_image: str = ""
+    kubernetes_pending_timeout: float = 300.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, broker_url: str | None = None,
+                 state_url: str | None = None, **overrides: Any) -> SchedulerConfig:
+        """Environment, then overrides (flags); the shared keys go through `Settings`."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {name: env[var] for name, var in ENV_VARS.items() if var in env}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = Settings.from_env(env, broker_url=broker_url, state_url=state_url)
+        return replace(cls(settings=settings), **_typed(values)).checked()
+
+    def checked(self) -> SchedulerConfig:
+        unknown = [e for e in self.executors if e not in EXECUTORS]
+        if not self.executors or unknown:
+            raise ConfigError(f"executors {','.join(self.executors)!r}: each must be one of "
+                              f"{', '.join(EXECUTORS)} (the first is the default)")
+        if "kubernetes" in self.executors and not self.kubernetes_image:
+            raise ConfigError("the kubernetes executor needs an image: set "
+                              "--kubernetes-image (CONVEYOR_KUBERNETES_IMAGE)")
+        return self
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    """Strings from the environment or flags, converted to each field's type."""
+    out = dict(values)
+    if isinstance(out.get("executors"), str):
+        out["executors"] = tuple(e.strip() for e in out["executors"].split(",") if e.strip())
+    for name, kind in (("publish_grace", float), ("local_slots", int),
+                       ("kubernetes_pending_timeout", float)):
+        if isinstance(out.get(name), str):
+            try:
+                out[name] = kind(out[name])
+            except ValueError:
+                raise ConfigError(f"{ENV_VARS.get(name, name)}={out[name]!r} is "
+                                  f"not a {kind.__name__}") from None
+    return out

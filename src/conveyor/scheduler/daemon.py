@@ -1,0 +1,212 @@
+"""`conveyor scheduler`: a thin loop around the engine's steps.
+
+It blocks on the broker for its events queue (and a control queue that `dags trigger` and
+`submit` poke), applies each event as it arrives, and ticks the engine when the earliest
+deadline the engine reported comes due: a `Waker` thread sleeps until then and calls
+`broker.wakeup()`, the seam's one thread-safe method. Executors that watch their own work
+(local, kubernetes) hand events to `report`, which queues them for the main thread and
+wakes it the same way. So an idle scheduler sleeps in the kernel; nothing polls.
+
+Everything touching the store or the broker runs on the main thread. If an executor's
+background thread dies, or an event cannot be applied, the loop stops with the error: the
+process manager restarts a clean process, and unsettled events are delivered again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from conveyor import broker as brokers
+from conveyor.broker import Broker, Delivery
+from conveyor.client import Client
+from conveyor.errors import MessageError
+from conveyor.events import Event
+from conveyor.scheduler import store as stores
+from conveyor.scheduler.config import SchedulerConfig
+from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.executors import Executor
+from conveyor.scheduler.executors.queue import QueueExecutor
+
+log = logging.getLogger("conveyor.scheduler")
+
+#: Longest sleep without a tick, a safety net only: deadlines wake the loop on time.
+IDLE_TICK = 30.0
+PREFETCH = 64
+#: An event that failed to apply this many times is set aside instead of stopping us again.
+MAX_EVENT_DELIVERIES = 5
+
+
+class Waker:
+    """Calls `wake` when the earliest requested time arrives: one thread, no polling."""
+
+    def __init__(self, wake: Callable[[], None], clock: Callable[[], float] = time.time) -> None:
+        self._wake = wake
+        self._clock = clock
+        self._at: float | None = None
+        self._closed = False
+        self._fired = threading.Event()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="conveyor-scheduler-waker",
+                                        daemon=True)
+        self._thread.start()
+
+    def at(self, when: float | None, *, replace: bool = False) -> None:
+        """Wake at `when` if that is earlier than the time set (or instead of it)."""
+        with self._cond:
+            if replace or (when is not None and (self._at is None or when < self._at)):
+                self._at = when
+                self._cond.notify()
+
+    def fired(self) -> bool:
+        """Whether the alarm went off since the last call."""
+        was = self._fired.is_set()
+        self._fired.clear()
+        return was
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._closed:
+                delay = None if self._at is None else self._at - self._clock()
+                if delay is None or delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                self._at = None
+                self._fired.set()
+                self._wake()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+
+class Daemon:
+    """Consume events, apply them, tick on deadlines; `stop()` from any thread ends it."""
+
+    def __init__(self, engine: Engine, broker: Broker, executors: Mapping[str, Executor], *,
+                 events_queue: str, control_queue: str) -> None:
+        self.engine = engine
+        self.broker = broker
+        self.executors = executors
+        self.queues = [events_queue, control_queue]
+        self.inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.waker = Waker(broker.wakeup)
+        self._stop = threading.Event()
+        engine.on_deadline = self.waker.at
+
+    def report(self, event: Event) -> None:
+        """Take an executor's event (from any thread) for the main loop to apply."""
+        self.inbox.put(event)
+        self.broker.wakeup()
+
+    def stop(self) -> None:
+        """Leave the loop after the event in hand (from any thread or a signal handler)."""
+        self._stop.set()
+        self.broker.wakeup()
+
+    def run(self, *, burst: bool = False) -> None:
+        """Until `stop()`, or with `burst` until no run is queued or running."""
+        for executor in self.executors.values():
+            executor.start(self.report)
+        self.engine.sync_dags(time.time())
+        self._tick()
+        finished = self.engine.runs_finished
+        for delivery in self.broker.consume(self.queues, prefetch=PREFETCH, timeout=IDLE_TICK):
+            for executor in self.executors.values():
+                executor.check()
+            self._drain_inbox()
+            poked = delivery is not None and self._receive(delivery)
+            if poked or delivery is None or self.waker.fired():
+                self._tick()
+            if self._stop.is_set():
+                return
+            if burst and (delivery is None or self.engine.runs_finished != finished):
+                finished = self.engine.runs_finished
+                if self._idle():
+                    return
+
+    def _tick(self) -> None:
+        self.waker.at(self.engine.tick(time.time()), replace=True)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                event = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self.engine.handle(event, time.time())
+
+    def _receive(self, delivery: Delivery) -> bool:
+        """Apply one delivery; True if it was a poke asking for a tick."""
+        if delivery.queue == self.queues[1]:
+            self.broker.ack(delivery)
+            return True
+        try:
+            event = Event.decode(delivery.body)
+        except MessageError as exc:
+            self.broker.dead_letter(delivery, f"not a scheduler event: {exc}")
+            return False
+        try:
+            self.engine.handle(event, time.time())
+        except Exception as exc:
+            if delivery.delivery_count < MAX_EVENT_DELIVERIES:
+                raise   # fail fast; the event comes back to a clean process
+            log.exception("event %s of %s failed %d times: set aside", event.kind,
+                          event.message_id, delivery.delivery_count)
+            self.broker.dead_letter(delivery, f"the scheduler failed to apply this event "
+                                              f"{delivery.delivery_count} times: {exc!r}")
+            return False
+        self.broker.ack(delivery)
+        return False
+
+    def _idle(self) -> bool:
+        found = self.engine.store.one("active_runs")
+        return self.inbox.empty() and not (found and found["n"])
+
+    def close(self) -> None:
+        self.waker.close()
+        for executor in self.executors.values():
+            executor.close()
+        self.broker.close()
+        self.engine.store.close()
+
+
+def make_executors(config: SchedulerConfig) -> dict[str, Executor]:
+    """The configured executors, in order (the first is the default)."""
+    made: dict[str, Executor] = {}
+    for name in config.executors:
+        if name == "queue":
+            client = Client(brokers.from_url(config.settings.broker_url),
+                            config.settings.codec())
+            made[name] = QueueExecutor(client)
+        elif name == "local":
+            from conveyor.scheduler.executors.local import LocalExecutor
+            made[name] = LocalExecutor(slots=config.local_slots)
+        elif name == "kubernetes":
+            from conveyor.scheduler.executors.kubernetes import KubernetesExecutor
+            made[name] = KubernetesExecutor.from_config(config)
+    return made
+
+
+def build(config: SchedulerConfig, dags: Mapping[str, DAG]) -> Daemon:
+    """A scheduler daemon for `config` running `dags`: store migrated, executors ready."""
+    store = stores.from_url(config.settings.state_url)
+    executors = make_executors(config)
+    engine = Engine(store, executors, dags=dags, events_queue=config.events_queue,
+                    publish_grace=config.publish_grace)
+    broker = brokers.from_url(config.settings.broker_url)
+    return Daemon(engine, broker, executors, events_queue=config.events_queue,
+                  control_queue=config.control_queue)
+
+
+def poke(config: SchedulerConfig, run_id: str) -> None:
+    """Wake a running scheduler: a run was created and waits to be started."""
+    with brokers.from_url(config.settings.broker_url) as broker:
+        broker.publish(config.control_queue, json.dumps({"run_id": run_id}).encode())
