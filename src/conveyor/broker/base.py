@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,17 +99,20 @@ class Broker(abc.ABC):
         """Store `body` on `queue`, durably, deliverable after `delay` seconds."""
 
     def consume(self, queues: Sequence[str], *, prefetch: int = 1,
-                timeout: float = 1.0) -> Iterator[Delivery | None]:
+                timeout: float = 1.0) -> Generator[Delivery | None, float | None, None]:
         """Yield deliveries from `queues` (first listed first when several have work).
 
         At most `prefetch` deliveries are held (yielded and not yet settled) at once; a step
         that cannot hand one out within `timeout` seconds, or that `wakeup()` interrupts,
-        yields `None`. Transports supply `_claim` and `_wait`; this loop is shared.
+        yields `None`. `steps.send(t)` takes one step with timeout `t` instead (0: claim
+        if something is ready, never wait). Transports supply `_claim` and `_wait`; this
+        loop is shared.
         """
         self._start_consuming(queues, prefetch)
         buffered: list[Delivery] = []
+        step_timeout: float | None = None
         while True:
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + (timeout if step_timeout is None else step_timeout)
             while not buffered:
                 if self.outstanding < prefetch and not self._paused:
                     buffered = self._claim(queues, prefetch - self.outstanding)
@@ -122,9 +125,9 @@ class Broker(abc.ABC):
             self._interrupted.clear()
             if buffered:
                 self._held(1)
-                yield buffered.pop(0)
+                step_timeout = yield buffered.pop(0)
             else:
-                yield None
+                step_timeout = yield None
 
     def pause(self) -> None:
         """Stop claiming new deliveries (a draining worker); held ones stay ours to settle."""

@@ -38,6 +38,7 @@ class Runner:
     pidfd: int
     channel: socket.socket
     output: int
+    slot: Any = None  # its memory cgroup (conveyor.worker.cgroups.Slot), entered at fork
     task: Any = None  # the supervisor's record of the task running here
     started: float = 0.0
     report: dict[str, Any] | None = None
@@ -64,17 +65,20 @@ class Pool:
     """Keeps `warm` runners forked ahead and tells the supervisor when runs finish."""
 
     def __init__(self, apps: list[str], env: Mapping[str, str], on_change: Callable[[], None],
-                 max_tasks_per_child: int = 1, uid: int | None = None,
+                 limiter: Any, max_tasks_per_child: int = 1, uid: int | None = None,
                  gid: int | None = None, warm: int = 1) -> None:
         self.on_change = on_change
+        self.limiter = limiter
+        self._spawned = 0
         self.max_tasks = max_tasks_per_child
         self.warm = warm
         self._idle: collections.deque[Runner] = collections.deque()
-        self._requested: collections.deque[tuple[socket.socket, int]] = collections.deque()
+        self._requested: collections.deque[tuple[socket.socket, int, Any]] = collections.deque()
         self._lock = threading.Lock()
         self.finished: queue.SimpleQueue[Runner] = queue.SimpleQueue()
         self._selector = selectors.DefaultSelector()
         self._stopping = False
+        self.failure: str | None = None
         self._by_pid: dict[int, Runner] = {}
         self._zygote, self._control = self._start_zygote(apps, env, uid, gid)
         self._watcher = threading.Thread(target=self._watch, name="runner-watcher", daemon=True)
@@ -107,19 +111,33 @@ class Pool:
         return proc, ours
 
     def fill(self) -> None:
-        """Ask the zygote for runners until `warm` are idle or on their way."""
+        """Ask the zygote for runners until `warm` are idle or on their way.
+
+        Called on the watcher thread whenever a runner exits (and once at start), so
+        forking replacements never sits on the supervisor's path from claim to start.
+        """
         with self._lock:
             missing = self.warm - len(self._idle) - len(self._requested)
         for _ in range(max(0, missing)):
             self._request_runner()
 
     def _request_runner(self) -> None:
+        """Fork a runner into a fresh memory cgroup of its own, ahead of any task.
+
+        The runner joins its cgroup itself, right after the fork: moving a process between
+        cgroups waits for a kernel RCU grace period (milliseconds), which must not sit on a
+        task's path. When the task arrives only its cap is written (`slot.set_limit`).
+        """
+        self._spawned += 1
+        slot = self.limiter.prepare(f"{os.getpid()}-{self._spawned}", 0)
         ours, theirs = protocol.pair()
         out_r, out_w = os.pipe()
         with self._lock:
-            self._requested.append((ours, out_r))
+            self._requested.append((ours, out_r, slot))
+        procs = str(slot.path / "cgroup.procs") if slot.path is not None else ""
         try:
-            protocol.send(self._control, {"op": "spawn"}, [theirs.fileno(), out_w])
+            protocol.send(self._control, {"op": "spawn", "cgroup_procs": procs},
+                          [theirs.fileno(), out_w])
         finally:
             theirs.close()
             os.close(out_w)
@@ -129,9 +147,7 @@ class Pool:
     def take(self) -> Runner | None:
         """An idle, warm runner, or None if none is ready yet (one is then on its way)."""
         with self._lock:
-            runner = self._idle.popleft() if self._idle else None
-        self.fill()
-        return runner
+            return self._idle.popleft() if self._idle else None
 
     def start(self, runner: Runner, task: Any, frame: dict[str, Any]) -> None:
         runner.task, runner.started, runner.report = task, time.monotonic(), None
@@ -150,7 +166,6 @@ class Pool:
         elif runner.tasks_done < self.max_tasks:
             with self._lock:
                 self._idle.append(runner)
-        self.fill()
 
     @property
     def idle_count(self) -> int:
@@ -174,14 +189,22 @@ class Pool:
         try:
             while not self._stopping:
                 for key, _ in self._selector.select(timeout=1.0):
+                    if self._selector.get_map().get(key.fd) is not key:
+                        continue  # unregistered earlier in this same batch
                     kind, runner = key.data
-                    self._dispatch(kind, runner, key.fileobj)
-        except (OSError, ValueError):
+                    self._dispatch(kind, runner)
+        except Exception as exc:  # noqa: BLE001 - any watcher death must stop the worker
             if not self._stopping:
                 log.exception("the runner watcher stopped unexpectedly")
-                os.kill(os.getpid(), signal.SIGTERM)
+                self._fail(f"the runner watcher stopped: {type(exc).__name__}: {exc}")
 
-    def _dispatch(self, kind: str, runner: Runner | None, fileobj: Any) -> None:
+    def _fail(self, reason: str) -> None:
+        """Fail fast: the supervisor sees `failure` and exits; a restart is clean."""
+        self.failure = reason
+        self._stopping = True
+        self.on_change()
+
+    def _dispatch(self, kind: str, runner: Runner | None) -> None:
         if kind == "control":
             self._on_control()
         elif kind == "channel" and runner is not None:
@@ -194,8 +217,7 @@ class Pool:
         if frame is None:
             if not self._stopping:
                 log.error("the runner zygote exited unexpectedly; stopping the worker")
-                os.kill(os.getpid(), signal.SIGTERM)
-            self._stopping = True
+                self._fail("the runner zygote exited unexpectedly")
             return
         if frame["op"] == "spawned":
             self._on_spawned(frame["pid"], fds[0])
@@ -204,8 +226,10 @@ class Pool:
 
     def _on_spawned(self, pid: int, pidfd: int) -> None:
         with self._lock:
-            channel, output = self._requested.popleft()
-        runner = Runner(pid=pid, pidfd=pidfd, channel=channel, output=output)
+            channel, output, slot = self._requested.popleft()
+        runner = Runner(pid=pid, pidfd=pidfd, channel=channel, output=output, slot=slot)
+        if slot.path is None:
+            slot.admit(pid)  # the rlimit fallback: prlimit from here is cheap
         self._by_pid[pid] = runner
         self._selector.register(channel, selectors.EVENT_READ, ("channel", runner))
         self._selector.register(output, selectors.EVENT_READ, ("output", runner))
@@ -220,11 +244,14 @@ class Pool:
         self._drain_channel(runner)
         self._drain_output(runner)
         self._unregister(runner)
+        if runner.slot is not None:
+            runner.slot.remove()  # outcome() answers from a snapshot afterwards
         runner.status = status
         if runner.task is not None and not runner.handed_over:
             runner.handed_over = True
             self.finished.put(runner)
             self.on_change()
+            self.fill()
             return
         with self._lock:
             if runner in self._idle:
@@ -238,7 +265,7 @@ class Pool:
     def _on_channel(self, runner: Runner) -> None:
         frame = protocol.recv(runner.channel)
         if frame is None:
-            self._selector.unregister(runner.channel)
+            self._unregister_one(runner.channel)
             return
         if frame.get("mode") == "exec":
             runner.exec_mode = True
@@ -265,7 +292,7 @@ class Pool:
     def _on_output(self, runner: Runner) -> None:
         data = os.read(runner.output, 65536)
         if not data:
-            self._selector.unregister(runner.output)
+            self._unregister_one(runner.output)
             return
         lines = (runner._partial + data).split(b"\n")
         runner._partial = lines.pop()
@@ -290,18 +317,23 @@ class Pool:
         task_log.info("%s %s", label, line.decode(errors="replace"))
 
     def _unregister(self, runner: Runner) -> None:
-        for fileobj in (runner.channel, runner.output):
-            try:
-                self._selector.unregister(fileobj)
-            except (KeyError, ValueError):
-                continue
+        self._unregister_one(runner.channel)
+        self._unregister_one(runner.output)
+
+    def _unregister_one(self, fileobj: socket.socket | int) -> None:
+        try:
+            self._selector.unregister(fileobj)
+        except (KeyError, ValueError):
+            return
 
 
 def _close(runner: Runner) -> None:
-    """Close a runner's descriptors once nothing more can come from it."""
+    """Close a runner's descriptors and remove its cgroup once nothing more can come."""
     if runner.closed:
         return
     runner.closed = True
+    if runner.slot is not None:
+        runner.slot.remove()
     runner.channel.close()
     for fd in (runner.output, runner.pidfd):
         try:

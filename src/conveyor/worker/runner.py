@@ -47,9 +47,11 @@ def die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) -> NoReturn:
+def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig,
+                cgroup_procs: str = "") -> NoReturn:
     """Entry point in the forked child. Never returns."""
     try:
+        _join_cgroup(cgroup_procs)
         _prepare(channel, output_fd)
         for _ in range(config.max_tasks):
             frame = protocol.recv(channel)
@@ -62,6 +64,18 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _join_cgroup(cgroup_procs: str) -> None:
+    """Enter this runner's memory cgroup before anything else; no cap, no task."""
+    if not cgroup_procs:
+        return
+    try:
+        with open(cgroup_procs, "w") as procs:
+            procs.write(str(os.getpid()))
+    except OSError as exc:
+        os.write(2, f"runner {os.getpid()} cannot join {cgroup_procs}: {exc}\n".encode())
+        os._exit(70)
 
 
 def _prepare(channel: socket.socket, output_fd: int) -> None:

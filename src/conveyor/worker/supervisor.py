@@ -17,8 +17,10 @@ import math
 import os
 import signal
 import socket
+import threading
 import time
 from collections import deque
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
@@ -106,9 +108,12 @@ class Supervisor:
         self.draining_since: float | None = None
         self.cold = False
         self._next_heartbeat = time.monotonic() + config.heartbeat_interval
-        self.pool = Pool(list(config.apps), scrub_environment(os.environ), broker.wakeup,
-                         config.max_tasks_per_child, config.uid, config.gid,
-                         warm=config.concurrency)
+        self._pool_changed = threading.Event()
+        self._in_broker_wait = False
+        self._consuming = False
+        self.pool = Pool(list(config.apps), scrub_environment(os.environ), self._on_pool_change,
+                         self.limiter, config.max_tasks_per_child, config.uid, config.gid,
+                         warm=4 * config.concurrency)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -121,7 +126,9 @@ class Supervisor:
                                     timeout=min(1.0, self.config.heartbeat_interval))
         try:
             while True:
-                delivery = next(steps)
+                delivery = self._next(steps)
+                if self.pool.failure:
+                    raise ConveyorError(f"worker stopping: {self.pool.failure}")
                 if delivery is not None:
                     self._accept(delivery)
                 self._settle_finished()
@@ -131,6 +138,31 @@ class Supervisor:
                     return 0
         finally:
             self._stop()
+
+    def _next(self, steps: Generator[Delivery | None, float | None, None]) -> Delivery | None:
+        """Block where the next thing will come from: the broker if a slot is free, else the
+        runner pool. Waking the broker costs a round trip on some transports, so a full
+        worker never waits there."""
+        if len(self.running) + len(self.pending) >= self.config.concurrency \
+                or self.draining_since is not None:
+            self._pool_changed.wait(timeout=min(1.0, self.config.heartbeat_interval))
+            self._pool_changed.clear()
+            return None
+        self._in_broker_wait = True
+        try:
+            if not self._consuming:  # a generator's first step cannot take a value
+                self._consuming = True
+                return next(steps)
+            return steps.send(0.0 if self._pool_changed.is_set() else None)
+        finally:
+            self._in_broker_wait = False
+            self._pool_changed.clear()
+
+    def _on_pool_change(self) -> None:
+        """Called by the pool's watcher thread when a runner is ready or a run finished."""
+        self._pool_changed.set()
+        if self._in_broker_wait:
+            self.broker.wakeup()
 
     def _done(self, last: Delivery | None) -> bool:
         if self.running or self.pending:
@@ -200,9 +232,8 @@ class Supervisor:
     def _start(self, run: Run, runner: Runner) -> None:
         m, c = run.message, self.config
         memory, hard, soft = self._limits(m)
-        run.slot = self.limiter.prepare(f"{m.id}-{m.attempt}-{run.delivery.delivery_count}",
-                                        memory)
-        run.slot.admit(runner.pid)
+        run.slot = runner.slot
+        run.slot.set_limit(memory)
         run.runner, run.started = runner, time.monotonic()
         run.soft_at = run.started + soft if soft else math.inf
         run.hard_at = run.started + (hard or (soft + c.soft_grace if soft else math.inf))
@@ -238,7 +269,6 @@ class Supervisor:
             action = self._action(run, outcome, runner, report_only)
             self._report(run, outcome, action, time.monotonic() - run.started)
             self._settle(run, action, outcome)
-            run.slot.remove()
             self.pool.release(runner)
             self._gauges()
 

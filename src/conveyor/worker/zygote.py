@@ -8,7 +8,8 @@ forks. No broker URL, password or signing key ever exists in its memory, so no r
 find one in its own address space either.
 
 Protocol on its control socket (SOCK_SEQPACKET, JSON frames):
-  supervisor -> zygote  {"op": "spawn"} + fds [runner channel, runner output pipe]
+  supervisor -> zygote  {"op": "spawn", "cgroup_procs": PATH} + fds [runner channel,
+                        runner output pipe]; the runner joins that cgroup first thing
   zygote -> supervisor  {"op": "spawned", "pid": P} + fds [pidfd of P]
   zygote -> supervisor  {"op": "exited", "pid": P, "status": S}   (raw waitpid status)
 If the supervisor goes away (EOF), the zygote kills every runner it forked and exits.
@@ -56,19 +57,19 @@ class Zygote:
         if frame is None:
             return False
         if frame.get("op") == "spawn" and len(fds) == 2:
-            self._spawn(fds[0], fds[1])
+            self._spawn(fds[0], fds[1], frame.get("cgroup_procs", ""))
         for fd in fds:
             os.close(fd)
         return True
 
-    def _spawn(self, channel_fd: int, output_fd: int) -> None:
+    def _spawn(self, channel_fd: int, output_fd: int, cgroup_procs: str) -> None:
         pid = os.fork()
         if pid == 0:
             self.control.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
             signal.set_wakeup_fd(-1)
-            runner_main(socket.socket(fileno=channel_fd), output_fd, self.config)
+            runner_main(socket.socket(fileno=channel_fd), output_fd, self.config, cgroup_procs)
         self.children.add(pid)
         pidfd = os.pidfd_open(pid)
         try:
