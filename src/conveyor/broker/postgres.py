@@ -332,7 +332,7 @@ class PostgresBroker(Broker):
     def _notified(self, listener: Connection, queues: set[str]) -> bool:
         """Read what arrived; True if `queues` may have new work (or we had to reconnect)."""
         try:
-            payloads = {n.payload for n in listener.notifies(timeout=0)}
+            payloads = _read_notifications(listener)
         except psycopg.OperationalError as exc:
             log.warning("Postgres connection lost while listening for new messages on %s "
                         "(%s); reconnecting and listening again", self.url, _one_line(exc))
@@ -444,6 +444,18 @@ class PostgresBroker(Broker):
     def purge(self, queue: str) -> int:
         return self._run("purge", lambda cur: cur.execute(Q["purge"], {"queue": queue})
                          .rowcount)
+
+
+def _read_notifications(listener: Connection) -> set[str]:
+    """Payloads that have arrived, without blocking; OperationalError if the session is gone.
+
+    libpq directly: `Connection.notifies(timeout=0)` would do, but needs psycopg 3.2.
+    """
+    listener.pgconn.consume_input()
+    payloads = set()
+    while (notify := listener.pgconn.notifies()) is not None:
+        payloads.add(notify.extra.decode(listener.info.encoding, "replace"))
+    return payloads
 
 
 def _one_line(exc: BaseException | None) -> str:
