@@ -14,6 +14,7 @@ process manager restarts a clean process, and unsettled events are delivered aga
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import queue
@@ -32,6 +33,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.executors import Executor
 from conveyor.scheduler.executors.queue import QueueExecutor
+from conveyor.task import REGISTRY
 
 log = logging.getLogger("conveyor.scheduler")
 
@@ -178,7 +180,7 @@ class Daemon:
         self.engine.store.close()
 
 
-def make_executors(config: SchedulerConfig) -> dict[str, Executor]:
+def make_executors(config: SchedulerConfig, dags: Mapping[str, DAG]) -> dict[str, Executor]:
     """The configured executors, in order (the first is the default)."""
     made: dict[str, Executor] = {}
     for name in config.executors:
@@ -188,17 +190,33 @@ def make_executors(config: SchedulerConfig) -> dict[str, Executor]:
             made[name] = QueueExecutor(client)
         elif name == "local":
             from conveyor.scheduler.executors.local import LocalExecutor
-            made[name] = LocalExecutor(slots=config.local_slots)
+            made[name] = LocalExecutor(slots=config.local_slots,
+                                       apps=task_modules(dags, "local", config.executors[0]))
         elif name == "kubernetes":
             from conveyor.scheduler.executors.kubernetes import KubernetesExecutor
             made[name] = KubernetesExecutor.from_config(config)
     return made
 
 
+def task_modules(dags: Mapping[str, DAG], executor: str, default: str) -> list[str]:
+    """The importable modules registering the tasks that `dags` run on `executor`."""
+    names = {node.task for dag in dags.values() for node in dag.tasks.values()
+             if node.task and (node.options.executor or default) == executor}
+    modules = {REGISTRY[name].fn.__module__ for name in names if name in REGISTRY}
+    return sorted(m for m in modules if importable(m))
+
+
+def importable(module: str) -> bool:
+    try:
+        return module != "__main__" and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def build(config: SchedulerConfig, dags: Mapping[str, DAG]) -> Daemon:
     """A scheduler daemon for `config` running `dags`: store migrated, executors ready."""
     store = stores.from_url(config.settings.state_url)
-    executors = make_executors(config)
+    executors = make_executors(config, dags)
     engine = Engine(store, executors, dags=dags, events_queue=config.events_queue,
                     publish_grace=config.publish_grace)
     broker = brokers.from_url(config.settings.broker_url)
