@@ -25,11 +25,13 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_LEASE_SECONDS = 60.0
+#: How often the default `watch` reads depth: far below any autoscaler's polling interval.
+WATCH_POLL_SECONDS = 0.25
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Broker(abc.ABC):
         self._outstanding_lock = threading.Lock()
         self._interrupted = threading.Event()
         self._paused = False
+        self._prefetch = 1
 
     # -- the seam -----------------------------------------------------------------------
 
@@ -108,6 +111,7 @@ class Broker(abc.ABC):
         if something is ready, never wait). Transports supply `_claim` and `_wait`; this
         loop is shared.
         """
+        self._prefetch = prefetch
         self._start_consuming(queues, prefetch)
         buffered: list[Delivery] = []
         step_timeout: float | None = None
@@ -128,6 +132,11 @@ class Broker(abc.ABC):
                 step_timeout = yield buffered.pop(0)
             else:
                 step_timeout = yield None
+
+    def _may_claim(self) -> bool:
+        """Whether the consume loop would claim now: a `_wait` that says no should sleep
+        until woken, not until the next due message (which it could not take anyway)."""
+        return self.outstanding < self._prefetch and not self._paused
 
     def pause(self) -> None:
         """Stop claiming new deliveries (a draining worker); held ones stay ours to settle."""
@@ -166,6 +175,35 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def depth(self, queue: str) -> Depth:
         """Ready, in-flight, delayed and dead counts of one queue."""
+
+    def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
+        """Wait until `queues` together hold more than `above` messages ready or in flight.
+
+        True as soon as they do (at once if they already do); False when `timeout` passes or
+        `wakeup()` interrupts. For an autoscaler whose workers are at zero: it must learn of
+        new work at once, yet never claim a message or take a wake-up meant for a consumer.
+        This default reads `depth` every `WATCH_POLL_SECONDS`; transports that can be told
+        of a publish without taking it from a consumer override it. Use a broker object of
+        its own for watching: a transport may set up a listener on it.
+        """
+        return self._watch_depth(queues, timeout, above, self._poll_depth_sleep)
+
+    def _watch_depth(self, queues: Sequence[str], timeout: float, above: int,
+                     sleep: Callable[[Sequence[str], float], None]) -> bool:
+        """`watch`'s loop: read depth, then `sleep(queues, remaining)` until it is over."""
+        deadline = time.monotonic() + timeout
+        while sum(self.depth(q).active for q in queues) <= above:
+            if self._interrupted.is_set():
+                self._interrupted.clear()
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            sleep(queues, remaining)
+        return True
+
+    def _poll_depth_sleep(self, queues: Sequence[str], timeout: float) -> None:
+        self._interrupted.wait(min(timeout, WATCH_POLL_SECONDS))
 
     def wakeup(self) -> None:
         """Make a blocked `consume` step return `None` soon. Thread-safe."""

@@ -142,7 +142,6 @@ class PostgresBroker(Broker):
         prefix = self.settings.params.get("application_name") or "conveyor"
         self.name = f"{prefix}:{uuid.uuid4().hex[:8]}"
         self._leases: dict[int, uuid.UUID] = {}  # row id -> lease token, for release on close
-        self._prefetch = 1
         self._closed = False
         self._listener: Connection | None = None
         self._next_read = 0.0  # monotonic time to read piled-up notifications again
@@ -257,7 +256,6 @@ class PostgresBroker(Broker):
         self._run("publish", lambda cur: cur.execute(Q["publish"], params))
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
-        self._prefetch = prefetch
         if self._listener is None:
             self._listener = self._reconnecting("LISTEN", self._listen)
 
@@ -310,7 +308,7 @@ class PostgresBroker(Broker):
     def _wait(self, queues: Sequence[str], timeout: float) -> None:
         """Sleep until a NOTIFY for one of `queues`, a wake-up, a due row, or `timeout`."""
         seconds = min(timeout, POLL_FALLBACK)
-        if self.outstanding < self._prefetch and not self._paused:  # a claim comes next
+        if self._may_claim():  # a claim comes next
             due = self._run("wait", lambda cur: cur.execute(
                 Q["seconds_until_due"], {"queues": list(queues)}).fetchone())
             if due is not None and due[0] is not None:
@@ -373,6 +371,12 @@ class PostgresBroker(Broker):
                         .fetchone())
         assert row is not None, "an aggregate always returns a row"
         return Depth(*(int(v) for v in row))
+
+    def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
+        """LISTEN as a consumer does: a NOTIFY reaches every listener, so an autoscaler
+        watching here learns of new work at once and takes nothing from the consumers."""
+        self._start_consuming(queues, 1)
+        return self._watch_depth(queues, timeout, above, self._wait)
 
     def _interrupt_wait(self) -> None:
         try:

@@ -125,7 +125,6 @@ class RedisBroker(Broker):
         self._wake_key = f"{self.prefix}:c:{self.connection_name}:wake"
         self._tokens = itertools.count()
         self._leases: dict[str, tuple[str, str]] = {}  # id -> (queue, token), for close()
-        self._prefetch = 1
         self._due_at: float | None = None  # monotonic time the last empty claim said to wake
         self._closed = False
         self._signal: redis.Redis | None = None  # wakeup()'s own connection, made on demand
@@ -252,9 +251,6 @@ class RedisBroker(Broker):
         args = [f"{self.prefix}:m:", queue, body, int(priority), max(0.0, delay)]
         self._call(f"publish to queue {queue!r}", self._run, "publish", keys, args)
 
-    def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
-        self._prefetch = prefetch
-
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         keys = [self._key(q, kind) for q in queues
                 for kind in ("ready", "delayed", "inflight", "wake")]
@@ -281,7 +277,7 @@ class RedisBroker(Broker):
     def _wait(self, queues: Sequence[str], timeout: float) -> None:
         """BLPOP the queues' wake lists (only our private key while we may not claim)."""
         keys = [self._wake_key]
-        if self.outstanding < self._prefetch and not self._paused:
+        if self._may_claim():
             keys = [*(self._key(q, "wake") for q in queues), self._wake_key]
             if self._due_at is not None:
                 timeout = min(timeout, self._due_at - time.monotonic())

@@ -91,6 +91,9 @@ class SQLiteBroker(Broker):
 
     def _wait(self, queues: Sequence[str], timeout: float) -> None:
         """Sleep until a publish, a wake-up, a due message, or `timeout`."""
+        if not self._may_claim():
+            self._wake.wait(min(timeout, POLL_FALLBACK))
+            return None
         now = time.time()
         due = [self._db.execute(Q["next_due"], {"queue": q}).fetchone()[0] for q in queues]
         next_due = min((d for d in due if d is not None), default=now + POLL_FALLBACK)
@@ -126,6 +129,12 @@ class SQLiteBroker(Broker):
     def depth(self, queue: str) -> Depth:
         row = self._db.execute(Q["depth"], {"queue": queue, "now": time.time()}).fetchone()
         return Depth(*(int(v) for v in row))
+
+    def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
+        """Sleep on the wake channel as a consumer does: every listener gets each publish's
+        ping, so an autoscaler watching here learns of new work at once and takes nothing."""
+        self._wake.listen()
+        return self._watch_depth(queues, timeout, above, self._wait)
 
     def _interrupt_wait(self) -> None:
         self._wake.wake_self()
