@@ -1,0 +1,61 @@
+"""`conveyor autoscaler --config autoscaler.toml`: flags, start-up and signals.
+
+Every flag has a CONVEYOR_* variable, shown in --help; flags and variables override the
+file. A bad file or flag stops it at start with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from dataclasses import replace
+from types import FrameType
+
+from conveyor.autoscaler import config as configs
+from conveyor.autoscaler import daemon as daemons
+from conveyor.config import env_flag
+
+log = logging.getLogger("conveyor.autoscaler")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("autoscaler", help="scale worker Deployments or local workers on "
+                            "queue depth, down to zero", description=daemons.__doc__,
+                            epilog=configs.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    env_flag(p, "-f", "--config", env="CONVEYOR_AUTOSCALER_CONFIG", default="autoscaler.toml",
+             help="TOML file of targets (see below)")
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+             help="broker URL (default: the file's broker_url, else the embedded SQLite file)")
+    env_flag(p, "--metrics-port", env="CONVEYOR_AUTOSCALER_METRICS_PORT", default=None,
+             kind=int, help="port of /metrics and /api/v1/queues/<queue> (default: the "
+             "file's metrics_port, else 9400; 0: off)")
+    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+    p.set_defaults(run=run_autoscaler)
+
+
+def run_autoscaler(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = configs.load(args.config)
+    if args.broker:
+        config = replace(config, broker_url=args.broker)
+    if args.metrics_port is not None:
+        config = replace(config, metrics_port=args.metrics_port)
+    daemon, server = daemons.build(config)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("%s: stopping (local workers drain first)", signal.Signals(signum).name)
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if server is not None:
+        log.info("autoscaler: /metrics and /api/v1/queues/<queue> on port %d", server.port)
+    try:
+        return daemon.run()
+    finally:
+        if server is not None:
+            server.close()
