@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.register(commands)
     from conveyor.scheduler import cli as scheduler_cli
     scheduler_cli.register(commands)
+    from conveyor.autoscaler import cli as autoscaler_cli
+    autoscaler_cli.register(commands)
     return parser
 
 
