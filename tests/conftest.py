@@ -38,3 +38,31 @@ def require_service(name: str) -> None:
 def unique() -> str:
     """A short name no other test (or test run) uses: for queues, schemas, keys."""
     return "t" + uuid.uuid4().hex[:12]
+
+
+def drop_postgres_schema(name: str) -> None:
+    """Drop a schema a test's broker or store created (names are per test, never shared)."""
+    import psycopg
+    from psycopg import sql
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def delete_redis_prefix(prefix: str) -> None:
+    """Delete every key under a test's own prefix (never FLUSHDB: the server is shared)."""
+    import redis
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def clean_transport(transport: str, name: str) -> None:
+    """Remove what a test left on a shared server under its unique name."""
+    if transport == "postgres":
+        drop_postgres_schema(name)
+    elif transport == "redis":
+        delete_redis_prefix(name)

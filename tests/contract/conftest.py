@@ -8,12 +8,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from conveyor.broker import Broker, from_url
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL, REDIS_URL, require_service
+from tests.conftest import POSTGRES_URL, RABBITMQ_URL, REDIS_URL, clean_transport, require_service
 
 # transport -> (service it needs or None, URL for a test given its temp dir and unique name)
 TRANSPORTS: dict[str, tuple[str | None, Callable[[Path, str], str]]] = {
@@ -23,7 +21,7 @@ TRANSPORTS: dict[str, tuple[str | None, Callable[[Path, str], str]]] = {
     "rabbitmq": ("rabbitmq", lambda tmp, name: RABBITMQ_URL),
 }
 # Transports that pass the suite; a transport joins this list when it is done.
-ENABLED = ["sqlite", "redis", "postgres"]
+ENABLED = ["sqlite", "redis", "postgres", "rabbitmq"]
 
 
 @pytest.fixture(params=ENABLED)
@@ -35,14 +33,12 @@ def transport(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _drop_postgres_schema(request: pytest.FixtureRequest, unique: str) -> Iterator[None]:
-    """After a postgres run of a test, drop the schema its broker URL named (`unique`)."""
+def _clean_shared_server(request: pytest.FixtureRequest, unique: str) -> Iterator[None]:
+    """After a test, remove what it left on a shared server under its unique name."""
     yield
     callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("transport") == "postgres":
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                sql.Identifier(unique)))
+    if callspec is not None:
+        clean_transport(str(callspec.params.get("transport")), unique)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 
 from conveyor.broker import Broker, Depth
 from conveyor.message import Codec, Message
+from tests.conftest import clean_transport, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
 from tests.integration.workerkit import (
     enqueue,
@@ -241,12 +242,13 @@ def test_second_signal_is_a_cold_shutdown(broker: Broker, sqlite_url: str, q: st
 
 
 @pytest.fixture(params=ENABLED)
-def any_broker_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> str:
-    from tests.conftest import require_service
+def any_broker_url(request: pytest.FixtureRequest, tmp_path: Path,
+                   unique: str) -> Iterator[str]:
     service, make_url = TRANSPORTS[request.param]
     if service:
         require_service(service)
-    return make_url(tmp_path, unique)
+    yield make_url(tmp_path, unique)
+    clean_transport(request.param, unique)
 
 
 def test_kill_9_of_a_worker_mid_task_loses_nothing(any_broker_url: str, q: str,
@@ -257,9 +259,9 @@ def test_kill_9_of_a_worker_mid_task_loses_nothing(any_broker_url: str, q: str,
         enqueue(broker, task_message("t.hang_once", q, str(log), "A", reply_to=q + "-r"))
         doomed = start_worker(any_broker_url, q, burst=False)
         wait_event(broker, q + "-r", "started")
+        runner_pid = _wait_started(log)
         doomed.kill()
         finish(doomed)
-        runner_pid = int(log.read_text().split()[2])
         _wait_gone(runner_pid)
         enqueue(broker, task_message("t.record", q, str(log), "B", 0, reply_to=q + "-r"))
         survivor = start_worker(any_broker_url, q, "--time-limit=60", "--concurrency=2")
@@ -273,13 +275,30 @@ def test_kill_9_of_a_worker_mid_task_loses_nothing(any_broker_url: str, q: str,
         broker.close()
 
 
+def _wait_started(log: Path, timeout: float = 10) -> int:
+    """The runner's pid once the task body has begun (it logs `start A <pid>`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text().count("\n"):
+            return int(log.read_text().split()[2])
+        time.sleep(0.02)
+    raise AssertionError("the task never started")
+
+
 def _wait_gone(pid: int, timeout: float = 10) -> None:
-    """The runner dies with its worker (parent-death signal); nothing is left behind."""
+    """The runner dies with its worker (parent-death signal); nothing is left behind.
+
+    A dead process whose new parent has not reaped it yet is a zombie: gone for our
+    purposes (it runs nothing and holds no memory).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("Z", "X"):
             return
         time.sleep(0.05)
-    raise AssertionError(f"runner {pid} outlived its killed worker")
+    status = Path(f"/proc/{pid}/status").read_text()
+    raise AssertionError(f"runner {pid} outlived its killed worker:\n{status[:600]}")

@@ -51,6 +51,9 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig,
                 cgroup_procs: str = "") -> NoReturn:
     """Entry point in the forked child. Never returns."""
     try:
+        die_with_parent()
+        if os.getppid() == 1:  # the zygote died before we asked: nobody to run for
+            os._exit(0)
         _join_cgroup(cgroup_procs)
         _prepare(channel, output_fd)
         for _ in range(config.max_tasks):
@@ -79,7 +82,6 @@ def _join_cgroup(cgroup_procs: str) -> None:
 
 
 def _prepare(channel: socket.socket, output_fd: int) -> None:
-    die_with_parent()
     isolation.make_non_dumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the supervisor to handle
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # drains let running tasks finish
