@@ -162,12 +162,12 @@ def report(results: list[tuple[float, float]], wakeups: float, cpu: float,
 
     def line(label: str, xs: list[float]) -> str:
         q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else xs * 9
-        return (f"  {label:<42} p50 {statistics.median(xs) * 1000:7.1f} ms   "
+        return (f"  {label:<44} p50 {statistics.median(xs) * 1000:7.1f} ms   "
                 f"p90 {q[8] * 1000:7.1f} ms   max {max(xs) * 1000:7.1f} ms")
 
     print(f"wake-up from zero, local target, embedded SQLite, {len(results)} tries "
           f"(polling interval 5 s; {wakeups:.0f} woken by the broker watch):")
-    print(line("publish -> worker process started", spawn))
+    print(line("publish -> worker process started (±10 ms)", spawn))
     print(line("publish -> task started", start))
     print(f"idle autoscaler at zero: CPU {cpu:.3f}% of one core, PSS "
           f"{mem['Pss'] / 1024:.1f} MiB, RSS {mem['Rss'] / 1024:.1f} MiB "

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from conveyor.autoscaler.watch import ZeroWatch
 from conveyor.broker import Broker, from_url
 from tests.conftest import POSTGRES_URL, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
@@ -126,3 +127,38 @@ def test_takes_nothing_from_a_waiting_consumer(open_broker: Callable[[], Broker]
     watching.join(timeout=10)
     assert waited < 1.0
     steps.close()
+
+
+def test_zero_watch_pokes_on_work_and_holds_no_broker_away_from_zero(tmp_path: Path,
+                                                                     q: str) -> None:
+    """The daemon's side: a broker is open only while the target is at zero."""
+    url = f"sqlite:///{tmp_path}/broker.db"
+    opened: list[Broker] = []
+    poked = threading.Event()
+
+    def open_broker() -> Broker:
+        opened.append(from_url(url))
+        return opened[-1]
+
+    watch = ZeroWatch("t", [q], 0, open_broker, poked.set)
+    watch.start()
+    publisher = from_url(url)
+    try:
+        time.sleep(0.2)
+        assert not opened, "not at zero yet: nothing to watch"
+        watch.at_zero(True)
+        time.sleep(0.3)
+        publisher.publish(q, BODY)
+        assert poked.wait(2), "new work at zero pokes the daemon"
+        deadline = time.monotonic() + 5
+        while watch._broker is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch._broker is None, "left zero: the broker is closed"
+        assert len(opened) == 1
+        watch.at_zero(True)  # back at zero with the message still there: pokes again
+        poked.clear()
+        assert poked.wait(2)
+    finally:
+        watch.stop()
+        publisher.close()
+    assert watch.failure is None

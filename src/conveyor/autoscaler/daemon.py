@@ -118,7 +118,7 @@ class Daemon:
             return None
         decision = decide(s.config.rule, current, load, s.memory, now)
         s.memory = decision.memory
-        replicas = self._apply(s, current, decision, load)
+        replicas = self._apply(s, current, decision)
         self.metrics.replicas.labels(s.config.name).set(replicas)
         self.metrics.desired.labels(s.config.name).set(decision.replicas)
         if s.watch is not None:
@@ -144,7 +144,7 @@ class Daemon:
             self.metrics.observe_depth(queue, depth)
         return total(depths)
 
-    def _apply(self, s: Scaled, current: int, decision: Decision, load: Load | None) -> int:
+    def _apply(self, s: Scaled, current: int, decision: Decision) -> int:
         """Scale if the decision differs; the replica count the target has afterwards."""
         if decision.replicas == current:
             return current

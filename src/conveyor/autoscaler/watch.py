@@ -6,8 +6,10 @@ target's queues hold more than its activation threshold (SQLite: the publishers'
 channel; Postgres: LISTEN/NOTIFY; others: a depth read every 0.25 s), and the daemon
 decides at once. Watching never claims a message nor takes a consumer's wake-up.
 
-Each watch has a broker object of its own (a transport may hold a listener on it) and
-sleeps on an event while its target is not at zero.
+Each watch opens a broker object of its own when its target reaches zero (a transport
+may hold a listener on it) and closes it when the target leaves zero: an unread Postgres
+LISTEN session would hold back the server's notification queue, and an SQLite listener
+would be pinged by every publish for nothing. Between the two it sleeps on an event.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ class ZeroWatch:
         """The daemon's word on the target: watch while it is at zero, sleep otherwise."""
         if zero:
             self._zero.set()
-        else:
-            self._zero.clear()
+            return
+        self._zero.clear()
+        with self._lock:  # end a watch in progress: its broker is closed next
+            if self._broker is not None:
+                self._broker.wakeup()
 
     def _run(self) -> None:
         try:
@@ -57,13 +62,19 @@ class ZeroWatch:
                 if self._watch_once() and self._zero.is_set():
                     self._zero.clear()
                     self._poke()
+                if not self._zero.is_set():
+                    self._close_broker()
         except BaseException as exc:  # the daemon fails fast on it: never limp along deaf
             self.failure = exc
             self._poke()
         finally:
-            with self._lock:
-                if self._broker is not None:
-                    self._broker.close()
+            self._close_broker()
+
+    def _close_broker(self) -> None:
+        with self._lock:
+            broker, self._broker = self._broker, None
+        if broker is not None:
+            broker.close()
 
     def _watch_once(self) -> bool:
         """One watch; True if work may be there (also when the broker failed: the daemon
