@@ -31,6 +31,8 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import resource
+import signal
 from collections.abc import Iterable, Mapping
 
 from conveyor.errors import ConveyorError
@@ -112,6 +114,13 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
         if os.getppid() != parent:
             raise IsolationError(f"the parent (pid {parent}) exited while privileges were "
                                  f"being dropped; not running a task without its worker")
+
+
+def die_with_parent(death_signal: int = signal.SIGKILL) -> None:
+    """Have the kernel send `death_signal` when our parent dies: no runner outlives it."""
+    if _prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0) != 0:
+        raise IsolationError(f"prctl(PR_SET_PDEATHSIG) failed: "
+                             f"{os.strerror(ctypes.get_errno())}")
 
 
 def _parent_death_signal() -> int:
@@ -201,12 +210,14 @@ def close_inherited_fds(keep: Iterable[int] = ()) -> None:
 
 
 def _fd_ceiling() -> int:
-    """One past the highest open descriptor (the soft RLIMIT_NOFILE if /proc is missing)."""
-    try:
-        return max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1
-    except (OSError, ValueError):
-        return os.sysconf("SC_OPEN_MAX")
+    """The soft RLIMIT_NOFILE: no descriptor can be at or above it.
+
+    os.closerange is one close_range(2) call on Linux 5.9+, whatever the bound, so there
+    is no need to list /proc/self/fd (which cost ~100 us on the per-task fork path).
+    """
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-__all__ = ["IsolationError", "close_inherited_fds", "drop_privileges", "is_dumpable",
+__all__ = ["IsolationError", "close_inherited_fds", "die_with_parent", "drop_privileges",
+           "is_dumpable",
            "is_secret", "make_non_dumpable", "scrub_environment"]

@@ -15,7 +15,6 @@ remain. Run command workloads under a uid of their own (`--uid`) if tasks must n
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -29,8 +28,6 @@ from conveyor.errors import UnknownTask
 from conveyor.task import Retry, SoftTimeLimitExceeded, lookup
 from conveyor.worker import isolation, protocol
 
-PR_SET_PDEATHSIG = 1
-
 
 @dataclass(frozen=True)
 class RunnerConfig:
@@ -41,17 +38,11 @@ class RunnerConfig:
     gid: int | None = None
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL us when our parent dies, so no runner outlives its worker."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig,
                 cgroup_procs: str = "") -> NoReturn:
     """Entry point in the forked child. Never returns."""
     try:
-        die_with_parent()
+        isolation.die_with_parent()
         if os.getppid() == 1:  # the zygote died before we asked: nobody to run for
             os._exit(0)
         _join_cgroup(cgroup_procs)

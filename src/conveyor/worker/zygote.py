@@ -28,7 +28,8 @@ import sys
 from typing import NoReturn
 
 from conveyor.worker import protocol
-from conveyor.worker.runner import RunnerConfig, die_with_parent, runner_main
+from conveyor.worker.isolation import die_with_parent
+from conveyor.worker.runner import RunnerConfig, runner_main
 
 
 class Zygote:
