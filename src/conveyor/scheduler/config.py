@@ -72,6 +72,7 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
             try:
                 out[name] = kind(out[name])
             except ValueError:
-                raise ConfigError(f"{ENV_VARS.get(name, name)}={out[name]!r} is "
-                                  f"not a {kind.__name__}") from None
+                wanted = "an integer" if kind is int else "a number"
+                raise ConfigError(f"{ENV_VARS.get(name, name)}={out[name]!r} is not "
+                                  f"{wanted}") from None
     return out

@@ -114,11 +114,10 @@ class Engine:
                         "scheduler's, ignored", event.kind, event.message_id)
             return
         with self.store.transaction():
-            ti = self.store.one("ti", ti_id=ref[0])
+            ti = self.store.one("ti_locking_run", ti_id=ref[0])
             if ti is None:
                 log.warning("event %s for unknown task instance %s: ignored", event.kind, ref[0])
                 return
-            self.store.exec("lock_run", run_id=ti["run_id"])
             ready = self._apply(ti, ref[1], event, now)
         self._dispatch(ready, now)
 
@@ -144,8 +143,8 @@ class Engine:
         if not self.store.exec("ti_succeeded", **key):
             return []
         self.store.exec("record_attempt", outcome="succeeded", error=None, **key)
-        ready = self.store.rows("dispatch_ready", run_id=ti["run_id"], now=now,
-                                publish_grace=self.publish_grace)
+        ready = self.store.rows("dispatch_children", run_id=ti["run_id"], now=now,
+                                task_id=ti["task_id"], publish_grace=self.publish_grace)
         self._finish(ti["run_id"], now)
         return ready
 

@@ -93,6 +93,11 @@ CREATE TABLE conveyor_attempts (
     PRIMARY KEY (ti_id, attempt)
 );
 
+-- name: migration_0002
+-- Unfinished task instances of a run, so ending a run costs one index probe, not a scan.
+CREATE INDEX conveyor_ti_unfinished ON conveyor_task_instances (run_id)
+    WHERE state IN ('pending', 'queued', 'running', 'up_for_retry');
+
 -- name: upsert_dag
 INSERT INTO conveyor_dags (dag_id, version, file, schedule, timezone, next_tick, updated_at)
 VALUES (%(dag_id)s, %(version)s, %(file)s, %(schedule)s, %(timezone)s, %(next_tick)s, %(now)s)
@@ -153,6 +158,12 @@ SELECT a.* FROM conveyor_attempts a JOIN conveyor_task_instances t ON t.ti_id = 
 -- name: ti
 SELECT * FROM conveyor_task_instances WHERE ti_id = %(ti_id)s;
 
+-- name: ti_locking_run
+-- A task instance, with its run's row locked for the rest of the transaction.
+SELECT t.* FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
+ WHERE t.ti_id = %(ti_id)s
+   FOR UPDATE OF r;
+
 -- name: lock_run
 SELECT run_id FROM conveyor_runs WHERE run_id = %(run_id)s FOR UPDATE;
 
@@ -163,10 +174,26 @@ UPDATE conveyor_runs SET state = 'running', started_at = %(now)s
 RETURNING run_id;
 
 -- name: dispatch_ready
+-- Every task of a run whose parents have all succeeded (its roots, when it starts).
 UPDATE conveyor_task_instances AS t
    SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
        deadline = %(now)s + %(publish_grace)s
  WHERE t.run_id = %(run_id)s AND t.state = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
+                     JOIN conveyor_task_instances p
+                       ON p.run_id = e.run_id AND p.task_id = e.upstream
+                    WHERE e.run_id = t.run_id AND e.downstream = t.task_id
+                      AND p.state <> 'success')
+RETURNING *;
+
+-- name: dispatch_children
+-- The children of a task that just succeeded whose parents have all succeeded.
+UPDATE conveyor_task_instances AS t
+   SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
+       deadline = %(now)s + %(publish_grace)s
+ WHERE t.run_id = %(run_id)s AND t.state = 'pending'
+   AND t.task_id IN (SELECT downstream FROM conveyor_edges
+                      WHERE run_id = %(run_id)s AND upstream = %(task_id)s)
    AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
                      JOIN conveyor_task_instances p
                        ON p.run_id = e.run_id AND p.task_id = e.upstream
@@ -268,5 +295,5 @@ UPDATE conveyor_runs
  WHERE run_id = %(run_id)s AND state = 'running'
    AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances
                     WHERE run_id = %(run_id)s
-                      AND state NOT IN ('success', 'failed', 'upstream_failed'))
+                      AND state IN ('pending', 'queued', 'running', 'up_for_retry'))
 RETURNING state;

@@ -90,6 +90,11 @@ CREATE TABLE conveyor_attempts (
     PRIMARY KEY (ti_id, attempt)
 );
 
+-- name: migration_0002
+-- Unfinished task instances of a run, so ending a run costs one index probe, not a scan.
+CREATE INDEX conveyor_ti_unfinished ON conveyor_task_instances (run_id)
+    WHERE state IN ('pending', 'queued', 'running', 'up_for_retry');
+
 -- name: upsert_dag
 INSERT INTO conveyor_dags (dag_id, version, file, schedule, timezone, next_tick, updated_at)
 VALUES (:dag_id, :version, :file, :schedule, :timezone, :next_tick, :now)
@@ -148,6 +153,11 @@ SELECT a.* FROM conveyor_attempts a JOIN conveyor_task_instances t ON t.ti_id = 
 -- name: ti
 SELECT * FROM conveyor_task_instances WHERE ti_id = :ti_id;
 
+-- name: ti_locking_run
+-- A task instance, with its run's row locked for the rest of the transaction.
+SELECT t.* FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
+ WHERE t.ti_id = :ti_id;
+
 -- name: lock_run
 SELECT run_id FROM conveyor_runs WHERE run_id = :run_id;
 
@@ -158,10 +168,26 @@ UPDATE conveyor_runs SET state = 'running', started_at = :now
 RETURNING run_id;
 
 -- name: dispatch_ready
+-- Every task of a run whose parents have all succeeded (its roots, when it starts).
 UPDATE conveyor_task_instances AS t
    SET state = 'queued', attempt = attempt + 1, queued_at = :now, published_at = NULL,
        deadline = :now + :publish_grace
  WHERE t.run_id = :run_id AND t.state = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
+                     JOIN conveyor_task_instances p
+                       ON p.run_id = e.run_id AND p.task_id = e.upstream
+                    WHERE e.run_id = t.run_id AND e.downstream = t.task_id
+                      AND p.state <> 'success')
+RETURNING *;
+
+-- name: dispatch_children
+-- The children of a task that just succeeded whose parents have all succeeded.
+UPDATE conveyor_task_instances AS t
+   SET state = 'queued', attempt = attempt + 1, queued_at = :now, published_at = NULL,
+       deadline = :now + :publish_grace
+ WHERE t.run_id = :run_id AND t.state = 'pending'
+   AND t.task_id IN (SELECT downstream FROM conveyor_edges
+                      WHERE run_id = :run_id AND upstream = :task_id)
    AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
                      JOIN conveyor_task_instances p
                        ON p.run_id = e.run_id AND p.task_id = e.upstream
@@ -262,5 +288,5 @@ UPDATE conveyor_runs
  WHERE run_id = :run_id AND state = 'running'
    AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances
                     WHERE run_id = :run_id
-                      AND state NOT IN ('success', 'failed', 'upstream_failed'))
+                      AND state IN ('pending', 'queued', 'running', 'up_for_retry'))
 RETURNING state;
