@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -45,7 +44,7 @@ from conveyor.scheduler.daemon import build
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
 from conveyor.scheduler.store import from_url
-from conveyor.scheduler.testing import RecordingExecutor, event, spawn, stop
+from conveyor.scheduler.testing import RecordingExecutor, event, run_to_end, spawn, stop
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 URLS = {
@@ -84,10 +83,7 @@ def run_on_workers(dag: DAG, broker: str, tmp: Path, tag: str, slots: int = 2) -
             while probe.depth(queue).ready:
                 time.sleep(0.05)
         run_id = create_run(daemon.engine.store, dag, time.time(), executors=["queue"])
-        watchdog = threading.Timer(300, daemon.stop)
-        watchdog.start()
-        daemon.run(burst=True)
-        watchdog.cancel()
+        run_to_end(daemon, timeout=300)
         return daemon.engine.store.rows("run_tis", run_id=run_id)
     finally:
         daemon.close()

@@ -45,15 +45,21 @@ def test_dags_list_shows_good_dags_and_each_error_with_file_and_line(
 
 
 def test_trigger_then_a_burst_scheduler_runs_it_and_runs_show_tells_the_story(
-        env: dict[str, str]) -> None:
-    env["CONVEYOR_DAGS_FOLDER"] = str(DAGS)
+        tmp_path: Path, env: dict[str, str]) -> None:
+    folder = tmp_path / "dags"      # the revenue DAG beside a file that cannot load
+    folder.mkdir()
+    (folder / "revenue_dag.py").write_text((DAGS / "revenue_dag.py").read_text())
+    (folder / "broken.py").write_text("import no_such_module\n")
+    env["CONVEYOR_DAGS_FOLDER"] = str(folder)
     worker = spawn("worker", "--queues", "default", "--concurrency", "2", "--app",
                    "conveyor.scheduler.examples.revenue", "--log-level", "WARNING", env=env)
     try:
         queued = json.loads(conveyor("dags", "trigger", "revenue", "--conf", '{"day": "x"}',
                                      "--json", env=env).stdout)
         assert queued["state"] == "queued"
-        conveyor("scheduler", "--burst", "--log-level", "WARNING", env=env)
+        scheduled = conveyor("scheduler", "--burst", "--log-level", "WARNING", env=env)
+        assert f"DAG not loaded: {folder / 'broken.py'}:1: ModuleNotFoundError" in \
+            scheduled.stderr
     finally:
         stop(worker)
     shown = json.loads(conveyor("runs", "show", queued["run_id"], "--json", env=env).stdout)

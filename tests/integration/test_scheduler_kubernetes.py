@@ -35,6 +35,7 @@ from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Workload
 from conveyor.scheduler.executors.kubernetes import KubernetesExecutor
 from conveyor.scheduler.runs import create_run
+from conveyor.scheduler.testing import run_to_end
 
 PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$")
 NODE_LABELS = {"pool": "cpu"}
@@ -216,15 +217,12 @@ def run_dag(dag: DAG, executor: KubernetesExecutor, tmp_path: Path) -> dict[str,
                     {"kubernetes": executor}, events_queue=config.events_queue,
                     control_queue=config.control_queue)
     run_id = create_run(store, dag, time.time(), executors=["kubernetes"])
-    watchdog = threading.Timer(60, daemon.stop)
-    watchdog.start()
     try:
-        daemon.run(burst=True)
+        run_to_end(daemon)
         return {"run": store.one("run", run_id=run_id),
                 "tasks": {t["task_id"]: t for t in store.rows("run_tis", run_id=run_id)},
                 "attempts": store.rows("run_attempts", run_id=run_id)}
     finally:
-        watchdog.cancel()
         daemon.close()
 
 

@@ -5,27 +5,18 @@ the rest to real workers through the broker."""
 from __future__ import annotations
 
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
 
 from conveyor.scheduler import DAG
 from conveyor.scheduler.config import SchedulerConfig
-from conveyor.scheduler.daemon import Daemon, build, task_modules
+from conveyor.scheduler.daemon import build, task_modules
 from conveyor.scheduler.examples import revenue
 from conveyor.scheduler.runs import trigger
-from conveyor.scheduler.testing import spawn, stop
+from conveyor.scheduler.testing import run_to_end, spawn, stop
 
 LOCAL = {"extract_orders", "clean_orders", "load_dashboard"}
 
-
-def run_to_end(daemon: Daemon, timeout: float = 60.0) -> None:
-    watchdog = threading.Timer(timeout, daemon.stop)
-    watchdog.start()
-    try:
-        daemon.run(burst=True)
-    finally:
-        watchdog.cancel()
 
 
 def test_local_and_queue_executors_in_one_dag(tmp_path: Path, unique: str) -> None:

@@ -8,7 +8,6 @@ ran exactly as often as its attempts say.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +18,10 @@ from psycopg import sql
 
 from conveyor import broker as brokers
 from conveyor.scheduler.config import SchedulerConfig
-from conveyor.scheduler.daemon import Daemon, build
+from conveyor.scheduler.daemon import build
 from conveyor.scheduler.examples import revenue
 from conveyor.scheduler.runs import trigger
-from conveyor.scheduler.testing import spawn, stop
+from conveyor.scheduler.testing import run_to_end, spawn, stop
 from tests.conftest import POSTGRES_URL, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
 
@@ -44,15 +43,6 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> I
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
                 sql.Identifier(unique)))
 
-
-def run_to_end(daemon: Daemon, timeout: float = 60.0) -> None:
-    """Run the daemon until no run is active; stop it if that takes longer than `timeout`."""
-    watchdog = threading.Timer(timeout, daemon.stop)
-    watchdog.start()
-    try:
-        daemon.run(burst=True)
-    finally:
-        watchdog.cancel()
 
 
 def test_revenue_dag_succeeds_with_retries_on_real_workers(broker_url: str, tmp_path: Path,

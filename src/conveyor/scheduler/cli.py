@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.config import env_flag, parse_size
+from conveyor.enqueue import _json as json_argument
 from conveyor.errors import ConfigError
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler import store as stores
@@ -31,18 +32,6 @@ from conveyor.scheduler.runs import iso, trigger
 log = logging.getLogger("conveyor.scheduler")
 DONE = ("success", "failed")
 SUBMIT_DAG = "_submit"
-
-
-def _json_value(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}")
-        return value
-    return parse
 
 
 def _date(text: str) -> float:
@@ -76,7 +65,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing.set_defaults(run=run_dags_list)
     trig = dags.add_parser("trigger", help="create a run of a DAG now")
     trig.add_argument("dag", help="DAG id")
-    trig.add_argument("--conf", type=_json_value(dict), default={}, help="run conf, a JSON "
+    trig.add_argument("--conf", type=json_argument(dict), default={}, help="run conf, a JSON "
                       "object (sent to tasks in the 'conf' header)")
     trig.add_argument("--logical-date", type=_date, default=None, help="ISO date (default: now)")
     _wait_flags(trig)
@@ -117,8 +106,8 @@ def _register_submit(commands: argparse._SubParsersAction) -> None:
     p.add_argument("task", help="registered task name, or with --command the task id")
     p.add_argument("--command", nargs=argparse.REMAINDER, default=None,
                    help="run this program and its arguments instead of a registered task")
-    p.add_argument("--args", type=_json_value(list), default=[], help="JSON list")
-    p.add_argument("--kwargs", type=_json_value(dict), default={}, help="JSON object")
+    p.add_argument("--args", type=json_argument(list), default=[], help="JSON list")
+    p.add_argument("--kwargs", type=json_argument(dict), default={}, help="JSON object")
     p.add_argument("-Q", "--queue", default=None, help="queue (default: the task's)")
     p.add_argument("--executor", default=None, help="executor (default: the first configured)")
     p.add_argument("--retries", type=int, default=None, help="retries after a failure")

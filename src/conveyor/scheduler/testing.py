@@ -12,11 +12,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from conveyor.events import Event
+from conveyor.scheduler.daemon import Daemon
 from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Executor, Workload, event_for
 
@@ -91,3 +93,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = ""
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
+
+
+def run_to_end(daemon: Daemon, timeout: float = 60.0) -> None:
+    """Run the daemon until no run is queued or running (`burst`); stop it after `timeout`
+    seconds whatever happens, so a stuck worker fails the test instead of hanging it."""
+    watchdog = threading.Timer(timeout, daemon.stop)
+    watchdog.start()
+    try:
+        daemon.run(burst=True)
+    finally:
+        watchdog.cancel()
