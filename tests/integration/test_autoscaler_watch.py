@@ -12,13 +12,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from conveyor.autoscaler.watch import ZeroWatch
 from conveyor.broker import Broker, from_url
-from tests.conftest import POSTGRES_URL, require_service
+from tests.conftest import clean_transport, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
 
 BODY = b'{"v":1}'
@@ -41,10 +39,7 @@ def open_broker(request: pytest.FixtureRequest, tmp_path: Path,
     yield make
     for broker in opened:
         broker.close()
-    if request.param == "postgres":
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                sql.Identifier(unique)))
+    clean_transport(request.param.removeprefix("kombu+"), unique)
 
 
 @pytest.fixture
