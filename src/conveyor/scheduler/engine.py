@@ -124,14 +124,16 @@ class Engine:
     def _apply(self, ti: Row, attempt: int, event: Event, now: float) -> list[Row]:
         kind = event.kind
         key = {"ti_id": ti["ti_id"], "attempt": attempt, "at": event.at, "now": now}
+        # the worker kept the message (requeued at shutdown, or retrying it itself)
+        worker_keeps = kind in ("interrupted", "retried") or (
+            kind in FAILED and kind != "dead_lettered" and event.retry_in > 0)
         if kind == "succeeded":
             return self._succeeded(ti, key, now)
-        if kind in FAILED and not (event.retry_in > 0 and kind != "dead_lettered"):
-            self._attempt_failed(ti, key, kind, describe(event), now)
-        elif kind in FAILED or kind in ("interrupted", "retried"):
-            # the worker keeps the message (requeued or retrying it): same attempt, queued
+        if worker_keeps:          # same attempt, back to queued
             self._note(now + ti["queued_timeout"])
             self.store.exec("ti_requeued", error=describe(event), **key)
+        elif kind in FAILED:
+            self._attempt_failed(ti, key, kind, describe(event), now)
         elif kind == "started":
             self._note(now + ti["heartbeat_timeout"])
             self.store.exec("ti_started", hostname=event.hostname, pid=event.pid, **key)
