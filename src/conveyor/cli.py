@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from conveyor import broker as brokers
+from conveyor import config, logs
 from conveyor.errors import ConveyorError
 from conveyor.message import Codec, Message
 
@@ -39,6 +40,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description=__doc__)
+    config.declare_settings()
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help=cmd_demo.__doc__)
     demo.add_argument("--broker", default=None, help="broker URL (default: embedded SQLite)")
@@ -52,12 +54,37 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler_cli.register(commands)
     from conveyor.autoscaler import cli as autoscaler_cli
     autoscaler_cli.register(commands)
+    from conveyor import config_cli
+    config_cli.register(commands)
+    _log_flags(commands)
     return parser
+
+
+#: Commands that run for a while and log: they take --log-level and --log-format.
+DAEMONS = ("worker", "scheduler", "autoscaler", "up")
+
+
+def _log_flags(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    for name in DAEMONS:
+        if name in commands.choices:
+            config.env_flag(commands.choices[name], "--log-format", env="CONVEYOR_LOG_FORMAT",
+                            default="human", kind=logs.log_format,
+                            help="log lines for people (human) or one JSON object each (json)")
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    """One logging set-up for every daemon (the scheduler's --json implies JSON logs)."""
+    if getattr(args, "log_format", None) is None:
+        return
+    as_json = args.log_format == "json" or (args.command == "scheduler" and args.json)
+    logs.setup(getattr(args, "log_level", "INFO"), "json" if as_json else "human")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        config.check_file()
+        _setup_logging(args)
         run: Command = args.run
         return run(args)
     except ConveyorError as exc:

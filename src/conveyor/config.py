@@ -1,24 +1,41 @@
-"""Settings read in one place, into a typed, frozen dataclass.
+"""Settings read in one place, into typed, validated values.
 
-Precedence everywhere: explicit arguments (flags) > `CONVEYOR_*` environment > defaults.
-Nothing reads the environment at import time; call `Settings.from_env()` when starting.
+Precedence everywhere: flags > `CONVEYOR_*` environment > a TOML file > defaults.
+
+* Every CLI flag is declared with `env_flag`, which resolves its default from the
+  environment, then the file, and records the setting in `CATALOG` (what `conveyor config
+  show` prints and what the README's configuration reference is generated from).
+* The TOML file is `$CONVEYOR_CONFIG_FILE` if set (it must exist), else `./conveyor.toml`,
+  else `conveyor.toml` in the data directory ($CONVEYOR_HOME). Its keys are the variables'
+  names without `CONVEYOR_`, lower-cased: `CONVEYOR_BROKER_URL` -> `broker_url`.
+* A wrong value stops the program at start with one line naming the key, the value and
+  what is allowed; so does a key in the file that no setting has (a misspelling must not
+  silently leave a default in place).
+
+Nothing reads the environment at import time; `Settings.from_env()` and the parser do it
+when a command starts.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ConfigError
 from conveyor.message import DEFAULT_MAX_BYTES
 
+PREFIX = "CONVEYOR_"
+FILE_VARIABLE = "CONVEYOR_CONFIG_FILE"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 1000**2, "MB": 1000**2,
           "MIB": 1024**2, "G": 1000**3, "GB": 1000**3, "GIB": 1024**3, "T": 1000**4,
           "TB": 1000**4, "TIB": 1024**4}
+_SECRET = ("KEY", "PASSWORD", "SECRET", "TOKEN")
 
 
 def parse_size(text: str | int, key: str = "size") -> int:
@@ -32,6 +49,150 @@ def parse_size(text: str | int, key: str = "size") -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+# -- the file --------------------------------------------------------------------------------
+
+def key_name(env: str) -> str:
+    """The TOML key of a variable: CONVEYOR_BROKER_URL -> broker_url."""
+    return env.removeprefix(PREFIX).lower()
+
+
+def config_file(env: Mapping[str, str] | None = None) -> Path | None:
+    """The TOML file in effect, if any (see the module docstring for where it is looked for)."""
+    env = os.environ if env is None else env
+    explicit = env.get(FILE_VARIABLE)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"{FILE_VARIABLE}={explicit!r}: no such file; create it or "
+                              "unset the variable")
+        return path
+    from conveyor.broker import data_dir
+    for candidate in (Path("conveyor.toml"), data_dir() / "conveyor.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+_FILES: dict[tuple[str, float], dict[str, Any]] = {}
+
+
+def file_values(path: Path | None) -> dict[str, Any]:
+    """The file's keys and values, read once per version of the file."""
+    if path is None:
+        return {}
+    cache_key = (str(path.resolve()), path.stat().st_mtime)
+    if cache_key not in _FILES:
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        nested = sorted(k for k, v in data.items() if isinstance(v, dict))
+        if nested:
+            raise ConfigError(f"{path}: [{nested[0]}] is a table; this file takes top-level "
+                              "keys only, e.g. broker_url = \"redis://…\"")
+        _FILES[cache_key] = data
+    return _FILES[cache_key]
+
+
+def _text(value: Any) -> str:
+    """A TOML value as the text a flag or variable would hold (lists comma-joined)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def lookup(env_name: str, env: Mapping[str, str] | None = None) -> tuple[str | None, str]:
+    """(raw text, where it came from) for a variable: the environment, then the file.
+
+    With an explicit `env` mapping the file is not read: callers (tests) that pass one want
+    exactly those values.
+    """
+    source_env = os.environ if env is None else env
+    if env_name in source_env:
+        return source_env[env_name], "env"
+    if env is None:
+        path = config_file()
+        values = file_values(path)
+        if key_name(env_name) in values:
+            return _text(values[key_name(env_name)]), f"file {path}"
+    return None, "default"
+
+
+def _where(env_name: str, source: str) -> str:
+    """How an error names the key: the variable, or file:key."""
+    if source.startswith("file "):
+        return f"{source[5:]}: {key_name(env_name)}"
+    return env_name
+
+
+# -- the catalog of settings -----------------------------------------------------------------
+
+@dataclass
+class Key:
+    """One setting: its variable, its flags, its default, and the commands that take it."""
+
+    env: str
+    default: Any = None
+    help: str = ""
+    flags: tuple[str, ...] = ()
+    dest: str = ""
+    commands: list[str] = field(default_factory=list)
+    convert: Callable[[str], Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return key_name(self.env)
+
+    @property
+    def secret(self) -> bool:
+        return any(word in self.env for word in _SECRET)
+
+
+#: Every setting, by variable; filled as commands declare their flags (and by `Settings`).
+CATALOG: dict[str, Key] = {}
+
+
+def declare(env: str, *, default: Any = None, help: str = "", flags: tuple[str, ...] = (),
+            dest: str = "", command: str = "", convert: Callable[[str], Any] | None = None
+            ) -> Key:
+    """Record a setting in the catalog (several commands may share one variable)."""
+    key = CATALOG.setdefault(env, Key(env, default, help, flags, dest, convert=convert))
+    if not key.flags and flags:
+        key.flags, key.dest = flags, dest
+    if command and command not in key.commands:
+        key.commands.append(command)
+    return key
+
+
+def check_file() -> None:
+    """Stop if the file names a key no setting has (call after every flag is declared)."""
+    path = config_file()
+    known = {key.name for key in CATALOG.values()}
+    for name, value in file_values(path).items():
+        if name not in known:
+            raise ConfigError(f"{path}: {name} = {value!r} is not a setting (misspelt?); "
+                              "`conveyor config show` lists them all")
+
+
+def shown(key: Key, value: Any) -> str:
+    """A value as people read it, secrets masked."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    text = str(value)
+    if key.secret:
+        return "***"
+    if "URL" in key.env or "BROKER" in key.env:
+        from conveyor.broker import redact
+        return redact(text)
+    return text
+
+
+# -- shared settings -------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class Settings:
     """What every component needs to reach the broker and trust its messages."""
@@ -43,12 +204,13 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        env = os.environ if env is None else env
+        """Overrides (flags) > environment > file > defaults."""
         values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = env.get(f"CONVEYOR_{f.name.upper()}")
+            var = f"{PREFIX}{f.name.upper()}"
+            raw, source = lookup(var, env)
             if raw is not None:
-                values[f.name] = parse_size(raw, f"CONVEYOR_{f.name.upper()}") \
+                values[f.name] = parse_size(raw, _where(var, source)) \
                     if f.type in ("int", int) else raw
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
@@ -58,24 +220,57 @@ class Settings:
         return Codec(self.signing_key or None, self.max_message_bytes)
 
 
+SETTINGS_HELP = {
+    "broker_url": "broker URL: sqlite:///…, redis://…, amqp://…, postgresql://…, "
+                  "kombu+<transport>://… (default: the embedded SQLite file)",
+    "state_url": "scheduler state store URL: sqlite:///… or postgresql://… (default: "
+                 "scheduler.db in the data directory)",
+    "signing_key": "HMAC key: messages are signed, and unsigned ones dead-lettered",
+    "max_message_bytes": "largest message accepted; bigger ones are dead-lettered",
+}
+
+
+def declare_settings() -> None:
+    """Put the `Settings` fields in the catalog (they are read by every command)."""
+    for f in fields(Settings):
+        declare(f"{PREFIX}{f.name.upper()}", default=f.default, help=SETTINGS_HELP[f.name])
+
+
+def _allowed(exc: Exception) -> str:
+    """What a conversion error means for the person who wrote the value."""
+    text = str(exc)
+    if text.startswith("invalid literal for int()"):
+        return "must be a whole number"
+    if text.startswith("could not convert string to float"):
+        return "must be a number"
+    return text
+
+
+# -- flags -----------------------------------------------------------------------------------
+
 def env_flag(parser: Any, *names: str, env: str, default: Any = None, kind: Any = str,
              help: str = "", **kwargs: Any) -> None:
-    """Add a flag whose default comes from `env` (flags > CONVEYOR_* environment > default).
+    """Add a flag whose default comes from `env`, then the file, then `default`.
 
-    The variable is named in --help, and a bad value in the environment stops the program
-    with one line naming the variable, the value and what is allowed.
+    The variable is named in --help, the setting is recorded in `CATALOG`, and a bad value
+    in the environment or the file stops the program with one line naming the key, the
+    value and what is allowed.
     """
-    raw = os.environ.get(env)
+    raw, source = lookup(env)
     value = default
     if raw is not None:
         try:
             value = kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes", "on")
-        except (ValueError, ConfigError) as exc:
-            raise ConfigError(f"{env}={raw!r} is not allowed: {exc}") from None
-    shown = f" [env: {env}" + (f"; default: {default}" if default not in (None, "", False)
-                               else "") + "]"
+        except (ValueError, ConfigError, TypeError) as exc:
+            raise ConfigError(f"{_where(env, source)}={raw!r} is not allowed: "
+                              f"{_allowed(exc)}") from None
+    shown_default = f"; default: {default}" if default not in (None, "", False, ()) else ""
+    text = f"{help} [env: {env}{shown_default}]"
     if kind is bool:
-        parser.add_argument(*names, action="store_true", default=value, help=help + shown,
-                            **kwargs)
+        action = parser.add_argument(*names, action="store_true", default=value, help=text,
+                                     **kwargs)
     else:
-        parser.add_argument(*names, type=kind, default=value, help=help + shown, **kwargs)
+        action = parser.add_argument(*names, type=kind, default=value, help=text, **kwargs)
+    declare(env, default=default, help=help, flags=tuple(n for n in names if n.startswith("--")),
+            dest=action.dest, command=parser.prog.removeprefix("conveyor ").strip(),
+            convert=None if kind is bool else kind)
