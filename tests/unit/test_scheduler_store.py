@@ -25,7 +25,7 @@ def test_migrations_apply_once_and_upgrade_an_old_schema(tmp_path: Path) -> None
     indexes = {r["name"] for r in store._execute(
         "SELECT name FROM sqlite_master WHERE type = 'index'", {})[0]}
     store.close()
-    assert versions == [2]
+    assert versions == [3]
     assert "conveyor_ti_unfinished" in indexes
 
 

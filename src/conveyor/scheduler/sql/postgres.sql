@@ -297,3 +297,54 @@ UPDATE conveyor_runs
                     WHERE run_id = %(run_id)s
                       AND state IN ('pending', 'queued', 'running', 'up_for_retry'))
 RETURNING state;
+
+-- name: migration_0003
+-- The worker registry: each `conveyor worker` upserts its row every heartbeat interval, so
+-- `conveyor status` can show who serves which queues, how busy, and who went quiet.
+CREATE TABLE conveyor_workers (
+    worker_id    TEXT PRIMARY KEY,
+    hostname     TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    queues       TEXT NOT NULL,
+    concurrency  INTEGER NOT NULL,
+    busy         INTEGER NOT NULL,
+    interval     DOUBLE PRECISION NOT NULL,
+    started_at   DOUBLE PRECISION NOT NULL,
+    heartbeat_at DOUBLE PRECISION NOT NULL
+);
+
+-- name: upsert_worker
+INSERT INTO conveyor_workers (worker_id, hostname, pid, queues, concurrency, busy, interval,
+                              started_at, heartbeat_at)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s, %(busy)s, %(interval)s,
+        %(started_at)s, %(now)s)
+ON CONFLICT (worker_id) DO UPDATE
+   SET busy = excluded.busy, queues = excluded.queues, concurrency = excluded.concurrency,
+       interval = excluded.interval, heartbeat_at = excluded.heartbeat_at;
+
+-- name: delete_worker
+DELETE FROM conveyor_workers WHERE worker_id = %(worker_id)s;
+
+-- name: forget_workers
+-- Rows of workers silent for longer than :older_than seconds (crashed long ago).
+DELETE FROM conveyor_workers WHERE heartbeat_at < %(now)s - %(older_than)s;
+
+-- name: workers
+SELECT * FROM conveyor_workers ORDER BY hostname, pid;
+
+-- name: recent_runs
+-- The newest runs, optionally of one DAG and/or in one state ('' = any).
+SELECT * FROM conveyor_runs
+ WHERE (%(dag_id)s = '' OR dag_id = %(dag_id)s) AND (%(state)s = '' OR state = %(state)s)
+ ORDER BY created_at DESC, run_id DESC LIMIT %(limit)s;
+
+-- name: run_ti_by_task
+SELECT * FROM conveyor_task_instances WHERE run_id = %(run_id)s AND task_id = %(task_id)s;
+
+-- name: ti_attempts
+SELECT * FROM conveyor_attempts WHERE ti_id = %(ti_id)s ORDER BY attempt;
+
+-- name: queues_in_use
+-- Queues named by task instances of recent runs, for `conveyor status`.
+SELECT DISTINCT queue FROM conveyor_task_instances
+ WHERE run_id IN (SELECT run_id FROM conveyor_runs ORDER BY created_at DESC LIMIT %(limit)s);

@@ -290,3 +290,54 @@ UPDATE conveyor_runs
                     WHERE run_id = :run_id
                       AND state IN ('pending', 'queued', 'running', 'up_for_retry'))
 RETURNING state;
+
+-- name: migration_0003
+-- The worker registry: each `conveyor worker` upserts its row every heartbeat interval, so
+-- `conveyor status` can show who serves which queues, how busy, and who went quiet.
+CREATE TABLE conveyor_workers (
+    worker_id    TEXT PRIMARY KEY,
+    hostname     TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    queues       TEXT NOT NULL,
+    concurrency  INTEGER NOT NULL,
+    busy         INTEGER NOT NULL,
+    interval     REAL NOT NULL,
+    started_at   REAL NOT NULL,
+    heartbeat_at REAL NOT NULL
+);
+
+-- name: upsert_worker
+INSERT INTO conveyor_workers (worker_id, hostname, pid, queues, concurrency, busy, interval,
+                              started_at, heartbeat_at)
+VALUES (:worker_id, :hostname, :pid, :queues, :concurrency, :busy, :interval,
+        :started_at, :now)
+ON CONFLICT (worker_id) DO UPDATE
+   SET busy = excluded.busy, queues = excluded.queues, concurrency = excluded.concurrency,
+       interval = excluded.interval, heartbeat_at = excluded.heartbeat_at;
+
+-- name: delete_worker
+DELETE FROM conveyor_workers WHERE worker_id = :worker_id;
+
+-- name: forget_workers
+-- Rows of workers silent for longer than :older_than seconds (crashed long ago).
+DELETE FROM conveyor_workers WHERE heartbeat_at < :now - :older_than;
+
+-- name: workers
+SELECT * FROM conveyor_workers ORDER BY hostname, pid;
+
+-- name: recent_runs
+-- The newest runs, optionally of one DAG and/or in one state ('' = any).
+SELECT * FROM conveyor_runs
+ WHERE (:dag_id = '' OR dag_id = :dag_id) AND (:state = '' OR state = :state)
+ ORDER BY created_at DESC, run_id DESC LIMIT :limit;
+
+-- name: run_ti_by_task
+SELECT * FROM conveyor_task_instances WHERE run_id = :run_id AND task_id = :task_id;
+
+-- name: ti_attempts
+SELECT * FROM conveyor_attempts WHERE ti_id = :ti_id ORDER BY attempt;
+
+-- name: queues_in_use
+-- Queues named by task instances of recent runs, for `conveyor status`.
+SELECT DISTINCT queue FROM conveyor_task_instances
+ WHERE run_id IN (SELECT run_id FROM conveyor_runs ORDER BY created_at DESC LIMIT :limit);
