@@ -16,6 +16,7 @@ import sys
 from conveyor import broker as brokers
 from conveyor.config import Settings, env_flag, parse_size
 from conveyor.errors import ConfigError
+from conveyor.worker.registry import Registry, state_url_for
 from conveyor.worker.supervisor import Supervisor, WorkerConfig
 
 
@@ -48,6 +49,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
              help="comma-separated modules that register tasks (imported once, before forking)")
     env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
              help="broker URL (default: the embedded SQLite file)")
+    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="",
+             help="state store the worker registers in, for `conveyor status` (default: "
+             "the embedded one when the broker is too, else none)")
     env_flag(p, "--max-memory-per-child", env="CONVEYOR_MAX_MEMORY_PER_CHILD", default=0,
              kind=parse_size, help="memory cap of each runner, e.g. 2GiB (0: no cap)")
     env_flag(p, "--max-tasks-per-child", env="CONVEYOR_MAX_TASKS_PER_CHILD", default=1,
@@ -92,13 +96,31 @@ def run_worker(args: argparse.Namespace) -> int:
         hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout, burst=args.burst, metrics_port=args.metrics_port,
         max_deliveries=args.max_deliveries)
-    settings = Settings.from_env(broker_url=args.broker or None)
+    settings = Settings.from_env(broker_url=args.broker or None, state_url=args.state or None)
     broker = brokers.from_url(settings.broker_url,
                               lease_seconds=max(3.0, 3 * config.heartbeat_interval))
     supervisor = Supervisor(config, broker, settings.codec())
     if config.metrics_port:
         supervisor.metrics.serve(config.metrics_port)
-    return supervisor.run()
+    registry = _register(settings, supervisor)
+    try:
+        return supervisor.run()
+    finally:
+        if registry is not None:
+            registry.close()
+
+
+def _register(settings: Settings, supervisor: Supervisor) -> Registry | None:
+    """Start this worker's heartbeat row in the state store (see `worker.registry`)."""
+    url = state_url_for(settings.broker_url, settings.state_url)
+    if url is None:
+        logging.getLogger("conveyor.worker").info(
+            "not in the worker registry: give --state (CONVEYOR_STATE_URL) to see this "
+            "worker in `conveyor status`")
+        return None
+    c = supervisor.config
+    registry = Registry(url, c.hostname, c.queues, c.concurrency, c.heartbeat_interval)
+    return registry.start(lambda: len(supervisor.running) + len(supervisor.pending))
 
 
 def _import_app(module: str) -> None:

@@ -1,0 +1,39 @@
+"""The worker registry: heartbeat rows in the state store, stale ones told apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conveyor.scheduler import store as stores
+from conveyor.worker.registry import Registry, state_url_for, workers
+
+
+def test_beats_upsert_one_row_and_close_deletes_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    clock = iter([100.0, 101.0, 130.0]).__next__
+    registry = Registry(url, "box-1", ("default", "heavy"), 4, 10.0, clock=clock)
+    registry.beat(1)
+    registry.beat(3)
+    store = stores.from_url(url)
+    try:
+        [record] = workers(store)
+        assert (record.hostname, record.queues, record.busy, record.free) == (
+            "box-1", "default,heavy", 3, 1)
+        assert not record.stale(160.0) and record.stale(160.5)
+        registry.close()
+        assert workers(store) == []
+    finally:
+        store.close()
+
+
+def test_an_unreachable_store_never_raises(tmp_path: Path) -> None:
+    registry = Registry("postgresql://nobody@127.0.0.1:1/none", "box", ("q",), 1, 1.0)
+    registry.beat(0)
+    registry.beat(0)
+    assert registry._failing
+
+
+def test_where_a_worker_registers() -> None:
+    assert state_url_for("", "").endswith("scheduler.db")
+    assert state_url_for("redis://r", "postgresql://p/db") == "postgresql://p/db"
+    assert state_url_for("redis://r", "") is None
