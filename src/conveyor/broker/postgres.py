@@ -435,12 +435,7 @@ class PostgresBroker(Broker):
                            delivery_count=r[5]) for r in rows]
 
     def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
-        try:
-            numbers = None if ids is None else [int(i) for i in ids]
-        except ValueError as exc:
-            raise ValueError(f"requeue_dead on queue {queue!r}: dead-letter ids are the "
-                             f"numbers dead_letters() returns, got {list(ids or [])!r}") from exc
-        params = {"queue": queue, "ids": numbers, "channel": self._channel}
+        params = {"queue": queue, "ids": _numbers(queue, ids), "channel": self._channel}
         row = self._run("requeue_dead", lambda cur: cur.execute(Q["requeue_dead"], params)
                         .fetchone())
         return int(row[0]) if row else 0
@@ -448,6 +443,20 @@ class PostgresBroker(Broker):
     def purge(self, queue: str) -> int:
         return self._run("purge", lambda cur: cur.execute(Q["purge"], {"queue": queue})
                          .rowcount)
+
+    def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        params = {"queue": queue, "ids": _numbers(queue, ids)}
+        return self._run("purge_dead", lambda cur: cur.execute(Q["purge_dead"], params)
+                         .rowcount)
+
+
+def _numbers(queue: str, ids: Sequence[str] | None) -> list[int] | None:
+    """Dead-letter ids as the numbers they are on Postgres (None: all of them)."""
+    try:
+        return None if ids is None else [int(i) for i in ids]
+    except ValueError as exc:
+        raise ValueError(f"dead letters of queue {queue!r}: ids are the numbers "
+                         f"dead_letters() returns, got {list(ids or [])!r}") from exc
 
 
 def _read_notifications(listener: Connection) -> set[str]:

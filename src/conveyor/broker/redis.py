@@ -84,7 +84,7 @@ CLAIM_MAX = 1000
 #: Messages one admin script call touches, so a huge queue never blocks Redis for long.
 ADMIN_BATCH = 1000
 SCRIPTS = ("publish", "claim", "ack", "retry_later", "dead_letter", "extend_lease", "release",
-           "depth", "dead_letters", "requeue_dead", "purge", "nudge")
+           "depth", "dead_letters", "requeue_dead", "purge_dead", "purge", "nudge")
 
 
 @cache
@@ -406,18 +406,27 @@ class RedisBroker(Broker):
 
     def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         keys = [self._key(queue, kind) for kind in ("dead", "ready", "wake")]
-        what = f"requeueing dead letters of queue {queue!r}"
+        return self._on_dead(f"requeueing dead letters of queue {queue!r}", "requeue_dead",
+                             keys, ids)
+
+    def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        return self._on_dead(f"deleting dead letters of queue {queue!r}", "purge_dead",
+                             [self._key(queue, "dead")], ids)
+
+    def _on_dead(self, what: str, script: str, keys: list[str],
+                 ids: Sequence[str] | None) -> int:
+        """Run an admin script over dead letters in batches: `ids`, or all of them."""
         total = 0
         if ids is not None:
             for start in range(0, len(ids), ADMIN_BATCH):
                 chunk = [str(i) for i in ids[start:start + ADMIN_BATCH]]
-                done, _ = self._call(what, self._run, "requeue_dead", keys,
+                done, _ = self._call(what, self._run, script, keys,
                                      [f"{self.prefix}:m:", ADMIN_BATCH, *chunk])
                 total += int(done)
             return total
         looked = ADMIN_BATCH
         while looked >= ADMIN_BATCH:
-            done, looked = self._call(what, self._run, "requeue_dead", keys,
+            done, looked = self._call(what, self._run, script, keys,
                                       [f"{self.prefix}:m:", ADMIN_BATCH])
             total += int(done)
         return total

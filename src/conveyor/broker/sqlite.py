@@ -168,3 +168,10 @@ class SQLiteBroker(Broker):
 
     def purge(self, queue: str) -> int:
         return int(self._db.execute(Q["purge"], {"queue": queue}).rowcount)
+
+    def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        if ids is None:
+            return int(self._db.execute(Q["purge_dead"], {"queue": queue, "all": 1,
+                                                          "id": None}).rowcount)
+        return sum(self._db.execute(Q["purge_dead"], {"queue": queue, "all": 0,
+                                                      "id": int(i)}).rowcount for i in ids)

@@ -163,5 +163,11 @@ WITH moved AS (
 )
 SELECT (SELECT count(*) FROM moved), pg_notify(%(channel)s, %(queue)s);
 
+-- name: purge_dead
+-- :ids NULL means every dead letter of the queue.
+DELETE FROM conveyor_messages
+ WHERE queue = %(queue)s AND dead_reason IS NOT NULL
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]));
+
 -- name: purge
 DELETE FROM conveyor_messages WHERE queue = %(queue)s;

@@ -74,5 +74,9 @@ UPDATE conveyor_messages
    SET dead_reason = NULL, dead_at = NULL, available_at = :now, deliveries = 0
  WHERE queue = :queue AND dead_reason IS NOT NULL AND (:all OR id = :id);
 
+-- name: purge_dead
+DELETE FROM conveyor_messages
+ WHERE queue = :queue AND dead_reason IS NOT NULL AND (:all OR id = :id);
+
 -- name: purge
 DELETE FROM conveyor_messages WHERE queue = :queue;
