@@ -1,0 +1,88 @@
+"""What the operator commands share: the broker and state-store flags, the queues worth
+looking at, and output for people (aligned tables) or scripts (`--json`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from conveyor import broker as brokers
+from conveyor.config import Settings, env_flag
+from conveyor.scheduler.cli import table
+from conveyor.scheduler.config import CONTROL_QUEUE
+from conveyor.scheduler.engine import EVENTS_QUEUE
+from conveyor.scheduler.store import Store
+
+#: Queues always worth showing: the usual work queue and the scheduler's own.
+ALWAYS = ("default", EVENTS_QUEUE, CONTROL_QUEUE)
+#: How many recent runs name the queues `known_queues` finds.
+RECENT = 200
+
+
+def connection_flags(p: argparse.ArgumentParser, *, state: bool = True) -> None:
+    """--broker, --state (optional) and --json, with their CONVEYOR_* variables."""
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+             help="broker URL (default: the embedded SQLite file)")
+    if state:
+        env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="",
+                 help="state store URL, sqlite:///… or postgresql://… (default: embedded "
+                      "SQLite)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env(broker_url=args.broker or None,
+                             state_url=getattr(args, "state", "") or None)
+
+
+@contextmanager
+def opened_broker(args: argparse.Namespace) -> Iterator[brokers.Broker]:
+    broker = brokers.from_url(settings(args).broker_url)
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@contextmanager
+def opened_store(args: argparse.Namespace) -> Iterator[Store]:
+    from conveyor.scheduler import store as stores
+    store = stores.from_url(settings(args).state_url)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def known_queues(store: Store | None, extra: Sequence[str] = ()) -> list[str]:
+    """Queues named by flags, registered workers and recent runs, plus the usual ones.
+
+    Brokers cannot list their queues portably, so status and dead-letter commands look at
+    the queues someone uses; `--queue` adds any other.
+    """
+    found = [*extra, *ALWAYS]
+    if store is not None:
+        for row in store.rows("workers"):
+            found += row["queues"].split(",")
+        found += [row["queue"] for row in store.rows("queues_in_use", limit=RECENT)]
+    return list(dict.fromkeys(q for q in found if q))
+
+
+def output(doc: Any, rows: Sequence[dict[str, Any]], columns: Sequence[str],
+           as_json: bool) -> None:
+    """`doc` as JSON, or `rows` as a table."""
+    if as_json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(table(rows, columns))
+
+
+def progress(done: int, total: int, what: str) -> None:
+    """One self-overwriting line on stderr for long operations (only on a terminal)."""
+    if sys.stderr.isatty():
+        end = "\n" if done >= total else ""
+        print(f"\r{what}: {done}/{total}", end=end, file=sys.stderr, flush=True)

@@ -1,0 +1,91 @@
+"""`conveyor status`: the whole system at a glance — queues, workers, recent runs.
+
+Queues: ready, in flight, delayed and dead, for the queues in use (`-Q` adds others).
+Workers: from the registry each worker keeps fresh in the state store; one whose last
+heartbeat is older than three intervals is marked STALE (killed, frozen or cut off).
+Runs: the newest, with how many of their tasks are in each state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from typing import Any
+
+from conveyor.admin import connection_flags, known_queues, opened_broker, opened_store, output
+from conveyor.broker import Broker
+from conveyor.scheduler.cli import table
+from conveyor.scheduler.runs import iso
+from conveyor.scheduler.store import Store
+from conveyor.worker.registry import workers
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser("status", help="queues, workers and recent runs at a glance",
+                            description=__doc__)
+    p.add_argument("-Q", "--queue", action="append", default=[], help="also show this queue "
+                   "(repeatable)")
+    p.add_argument("--runs", type=int, default=10, help="recent runs to show (default 10)")
+    connection_flags(p)
+    p.set_defaults(run=run_status)
+
+
+def collect(store: Store, broker: Broker, extra_queues: list[str], runs: int,
+            now: float) -> dict[str, Any]:
+    """Everything `status` shows, as one JSON-ready document."""
+    return {"at": iso(now), "queues": queue_rows(broker, known_queues(store, extra_queues)),
+            "workers": worker_rows(store, now), "runs": run_rows(store, runs)}
+
+
+def queue_rows(broker: Broker, names: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for name in names:
+        d = broker.depth(name)
+        rows.append({"queue": name, "ready": d.ready, "in_flight": d.in_flight,
+                     "delayed": d.delayed, "dead": d.dead})
+    return rows
+
+
+def worker_rows(store: Store, now: float) -> list[dict[str, Any]]:
+    return [{"worker": w.worker_id, "host": w.hostname, "pid": w.pid, "queues": w.queues,
+             "busy": w.busy, "free": w.free, "last_heartbeat": iso(w.heartbeat_at),
+             "seconds_ago": round(now - w.heartbeat_at, 1), "stale": w.stale(now)}
+            for w in workers(store)]
+
+
+def run_rows(store: Store, limit: int) -> list[dict[str, Any]]:
+    rows = []
+    for run in store.rows("recent_runs", dag_id="", state="", limit=limit):
+        tasks = store.rows("run_tis", run_id=run["run_id"])
+        rows.append({"run_id": run["run_id"], "dag_id": run["dag_id"], "state": run["state"],
+                     "created": iso(run["created_at"]), "ended": iso(run["ended_at"]),
+                     "tasks": {t["task_id"]: {"state": t["state"], "attempt": t["attempt"]}
+                               for t in tasks}})
+    return rows
+
+
+def run_status(args: argparse.Namespace) -> int:
+    with opened_store(args) as store, opened_broker(args) as broker:
+        doc = collect(store, broker, list(args.queue), args.runs, time.time())
+    if args.json:
+        output(doc, [], [], True)
+        return 0
+    print("queues")
+    print(table(doc["queues"], ["queue", "ready", "in_flight", "delayed", "dead"]))
+    print("\nworkers" + ("" if doc["workers"] else ": none registered (workers register "
+                         "in the state store they are given with --state)"))
+    if doc["workers"]:
+        print(table([{**w, "last_heartbeat": f"{w['seconds_ago']:g}s ago",
+                      "state": "STALE" if w["stale"] else "ok"} for w in doc["workers"]],
+                    ["host", "pid", "queues", "busy", "free", "last_heartbeat", "state"]))
+    print("\nrecent runs" + ("" if doc["runs"] else ": none"))
+    if doc["runs"]:
+        print(table([{**r, "tasks": _tally(r["tasks"])} for r in doc["runs"]],
+                    ["run_id", "dag_id", "state", "created", "tasks"]))
+    return 0
+
+
+def _tally(tasks: dict[str, dict[str, Any]]) -> str:
+    counts = Counter(t["state"] for t in tasks.values())
+    return ", ".join(f"{state} {n}" for state, n in sorted(counts.items()))
