@@ -241,6 +241,19 @@ def test_second_signal_is_a_cold_shutdown(broker: Broker, sqlite_url: str, q: st
     assert broker.depth(q).ready == 1
 
 
+def test_what_a_task_leaves_behind_is_killed(broker: Broker, sqlite_url: str, q: str,
+                                             tmp_path: Path) -> None:
+    pid_file = tmp_path / "orphan.pid"
+    enqueue(broker, task_message("t.orphan", q, str(pid_file), reply_to=q + "-r"))
+    worker = start_worker(sqlite_url, q, burst=False)
+    try:
+        wait_event(broker, q + "-r", "succeeded")
+        _wait_gone(int(pid_file.read_text()), timeout=5)
+    finally:
+        stop(worker)
+        finish(worker)
+
+
 @pytest.fixture(params=ENABLED)
 def any_broker_url(request: pytest.FixtureRequest, tmp_path: Path,
                    unique: str) -> Iterator[str]:

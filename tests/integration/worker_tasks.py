@@ -110,3 +110,12 @@ def hang_once(path: str, token: str) -> str:
     with open(path, "a") as f:
         f.write(f"done {token}\n")
     return token
+
+
+@task(name="t.orphan")
+def orphan(pid_file: str) -> int:
+    """Leaves a child behind in its own session: the worker must not let it linger."""
+    import subprocess
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    Path(pid_file).write_text(str(child.pid))
+    return child.pid

@@ -1,9 +1,17 @@
-"""The runner pool: the zygote process, runners forked ahead of need, and their watcher.
+"""The runner pool: the zygote, one lane per slot, runners forked ahead, and a watcher.
+
+Each slot is a *lane*: a memory cgroup of its own holding a small fork server (forked once
+from the zygote, parked in that cgroup) and the runners it forks ahead of need. Runners are
+born inside their lane's cgroup, so no task waits for a cgroup migration (each one waits
+for a kernel RCU grace period, and they are serialised machine-wide), and lanes fork in
+parallel. One task runs in a lane at a time; its cap is written when it starts, its OOM
+kills are the lane counter's increase, and whatever it leaves behind is killed when it ends.
+Idle runners sit at oom_score_adj -1000, so the kernel's OOM killer only ever picks the task.
 
 The supervisor's main thread asks the pool for an idle runner, hands it a task and later
-collects it from `finished`. A watcher thread reads everything runners and the zygote send
-(reports, exit statuses, stdout/stderr lines) and calls `on_change` (the broker's wakeup) so
-the main thread, blocked on the broker, reacts at once instead of polling.
+collects it from `finished`. A watcher thread reads everything runners and lanes send
+(reports, exit statuses, stdout/stderr lines) and calls `on_change` so the main thread
+reacts at once instead of polling.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ConfigError
@@ -38,7 +47,7 @@ class Runner:
     pidfd: int
     channel: socket.socket
     output: int
-    slot: Any = None  # its memory cgroup (conveyor.worker.cgroups.Slot), entered at fork
+    lane: Lane | None = None  # where it was born, and runs its task
     task: Any = None  # the supervisor's record of the task running here
     started: float = 0.0
     report: dict[str, Any] | None = None
@@ -61,19 +70,31 @@ class Runner:
         return self.status is not None
 
 
+@dataclass(eq=False)
+class Lane:
+    """One slot: a fork server parked in a memory cgroup, and its warm runners."""
+
+    index: int
+    control: socket.socket
+    slot: Any  # conveyor.worker.cgroups.Slot: the lane's cgroup (or rlimit fallback)
+    pid: int = 0
+    idle: collections.deque[Runner] = field(default_factory=collections.deque)
+    requested: collections.deque[tuple[socket.socket, int]] = field(
+        default_factory=collections.deque)
+    busy: Runner | None = None
+    oom_baseline: int = 0
+
+
 class Pool:
-    """Keeps `warm` runners forked ahead and tells the supervisor when runs finish."""
+    """Keeps runners forked ahead in every lane and tells the supervisor when runs finish."""
 
     def __init__(self, apps: list[str], env: Mapping[str, str], on_change: Callable[[], None],
                  limiter: Any, max_tasks_per_child: int = 1, uid: int | None = None,
-                 gid: int | None = None, warm: int = 1) -> None:
+                 gid: int | None = None, lanes: int = 1, warm: int = 2) -> None:
         self.on_change = on_change
         self.limiter = limiter
-        self._spawned = 0
         self.max_tasks = max_tasks_per_child
         self.warm = warm
-        self._idle: collections.deque[Runner] = collections.deque()
-        self._requested: collections.deque[tuple[socket.socket, int, Any]] = collections.deque()
         self._lock = threading.Lock()
         self.finished: queue.SimpleQueue[Runner] = queue.SimpleQueue()
         self._selector = selectors.DefaultSelector()
@@ -81,11 +102,13 @@ class Pool:
         self.failure: str | None = None
         self._by_pid: dict[int, Runner] = {}
         self._zygote, self._control = self._start_zygote(apps, env, uid, gid)
+        self.lanes = [self._open_lane(i) for i in range(lanes)]
         self._watcher = threading.Thread(target=self._watch, name="runner-watcher", daemon=True)
         self._watcher.start()
-        self.fill()
+        for lane in self.lanes:
+            self.fill(lane)
 
-    # -- the zygote -------------------------------------------------------------------------
+    # -- the zygote and its lanes ----------------------------------------------------------
 
     def _start_zygote(self, apps: list[str], env: Mapping[str, str], uid: int | None,
                       gid: int | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
@@ -98,10 +121,8 @@ class Pool:
         proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=dict(env),
                                 stderr=subprocess.PIPE)
         theirs.close()
-        ours.settimeout(60)
-        ready = protocol.recv(ours)
-        ours.settimeout(None)
-        if ready is None or ready.get("op") != "ready":
+        ready = _expect_ready(ours)
+        if ready is None:
             proc.wait(10)
             detail = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
             raise ConfigError(f"the runner zygote failed to start (exit {proc.returncode}): "
@@ -110,89 +131,131 @@ class Pool:
         proc.stderr.close()
         return proc, ours
 
-    def fill(self) -> None:
-        """Ask the zygote for runners until `warm` are idle or on their way.
+    def _open_lane(self, index: int) -> Lane:
+        """Fork a lane's fork server into the lane's own cgroup (one migration, at start)."""
+        slot = self.limiter.prepare(f"{os.getpid()}-lane{index}", 0)
+        ours, theirs = protocol.pair()
+        procs = str(slot.path / "cgroup.procs") if slot.path is not None else ""
+        try:
+            protocol.send(self._control, {"op": "lane", "cgroup_procs": procs},
+                          [theirs.fileno()])
+        finally:
+            theirs.close()
+        ready = _expect_ready(ours)
+        if ready is None:
+            raise ConfigError(f"runner lane {index} failed to start: see the log above")
+        return Lane(index, ours, slot, pid=ready["pid"])
+
+    def fill(self, lane: Lane) -> None:
+        """Ask a lane for runners until `warm` are idle or on their way.
 
         Called on the watcher thread whenever a runner exits (and once at start), so
         forking replacements never sits on the supervisor's path from claim to start.
         """
         with self._lock:
-            missing = self.warm - len(self._idle) - len(self._requested)
+            missing = self.warm - len(lane.idle) - len(lane.requested)
         for _ in range(max(0, missing)):
-            self._request_runner()
-
-    def _request_runner(self) -> None:
-        """Fork a runner into a fresh memory cgroup of its own, ahead of any task.
-
-        The runner joins its cgroup itself, right after the fork: moving a process between
-        cgroups waits for a kernel RCU grace period (milliseconds), which must not sit on a
-        task's path. When the task arrives only its cap is written (`slot.set_limit`).
-        """
-        self._spawned += 1
-        slot = self.limiter.prepare(f"{os.getpid()}-{self._spawned}", 0)
-        ours, theirs = protocol.pair()
-        out_r, out_w = os.pipe()
-        with self._lock:
-            self._requested.append((ours, out_r, slot))
-        procs = str(slot.path / "cgroup.procs") if slot.path is not None else ""
-        try:
-            protocol.send(self._control, {"op": "spawn", "cgroup_procs": procs},
-                          [theirs.fileno(), out_w])
-        finally:
-            theirs.close()
-            os.close(out_w)
+            ours, theirs = protocol.pair()
+            out_r, out_w = os.pipe()
+            with self._lock:
+                lane.requested.append((ours, out_r))
+            try:
+                protocol.send(lane.control, {"op": "spawn"}, [theirs.fileno(), out_w])
+            finally:
+                theirs.close()
+                os.close(out_w)
 
     # -- the supervisor's side ----------------------------------------------------------------
 
     def take(self) -> Runner | None:
-        """An idle, warm runner, or None if none is ready yet (one is then on its way)."""
+        """A warm runner in a lane with no task, or None if none is ready yet."""
         with self._lock:
-            return self._idle.popleft() if self._idle else None
+            for lane in self.lanes:
+                if lane.busy is None and lane.idle:
+                    lane.busy = lane.idle.popleft()
+                    return lane.busy
+        return None
 
-    def start(self, runner: Runner, task: Any, frame: dict[str, Any]) -> None:
-        runner.task, runner.started, runner.report = task, time.monotonic(), None
-        runner.exec_mode = runner.handed_over = False
-        protocol.send(runner.channel, frame)
+    def start(self, runner: Runner, task: Any, frame: dict[str, Any], memory_limit: int) -> None:
+        """Cap the lane for this task, note its OOM counter, and hand the runner the task."""
+        lane = runner.lane
+        assert lane is not None
+        lane.oom_baseline = lane.slot.outcome().oom_kills or 0
+        lane.slot.set_limit(memory_limit)
+        if lane.slot.path is None:
+            lane.slot.admit(runner.pid)  # the rlimit fallback caps the process itself
+        with self._lock:  # the watcher must not see a task on a runner that never got it
+            runner.task, runner.started, runner.report = task, time.monotonic(), None
+            runner.exec_mode = runner.handed_over = False
+            try:
+                protocol.send(runner.channel, frame)
+            except OSError:
+                runner.task = None
+                raise
+
+    def oom_killed(self, runner: Runner) -> bool:
+        """Whether the kernel OOM-killed something in the runner's lane during its task."""
+        lane = runner.lane
+        assert lane is not None
+        return (lane.slot.outcome().oom_kills or 0) > lane.oom_baseline
 
     def release(self, runner: Runner) -> None:
-        """After a finished run: a reusable runner goes back to idle, a spent one is closed.
-
-        Descriptors of exited runners were unregistered by the watcher; closing them here
-        is safe. A reusable runner that has run its last task exits by itself.
+        """After a finished run: free the lane, kill what the task left behind, and send a
+        reusable runner back to idle. A reusable runner that has run its last task exits by
+        itself; descriptors of exited runners were unregistered by the watcher.
         """
+        lane = runner.lane
+        assert lane is not None
         runner.task = None
+        _kill_leftovers(lane, runner.pid if not runner.exited else 0)
         if runner.exited:
             _close(runner)
         elif runner.tasks_done < self.max_tasks:
             with self._lock:
-                self._idle.append(runner)
+                lane.idle.appendleft(runner)
+        with self._lock:
+            lane.busy = None
+
+    def abandon(self, runner: Runner) -> None:
+        """A runner that died before it could take its task: free its lane, forget it."""
+        lane = runner.lane
+        assert lane is not None
+        with self._lock:
+            runner.task = None
+            lane.busy = None
 
     @property
     def idle_count(self) -> int:
-        return len(self._idle)
+        return sum(len(lane.idle) for lane in self.lanes)
 
     def close(self) -> None:
-        """Stop the zygote; it SIGKILLs every runner it forked, busy or idle."""
+        """Stop the zygote; its lanes die with it, and every runner with its lane."""
         self._stopping = True
         self._control.close()
+        for lane in self.lanes:
+            lane.control.close()
         try:
             self._zygote.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._zygote.kill()
             self._zygote.wait()
         self._watcher.join(timeout=5)
+        for lane in self.lanes:
+            lane.slot.destroy()
 
     # -- the watcher thread -------------------------------------------------------------------
 
     def _watch(self) -> None:
-        self._selector.register(self._control, selectors.EVENT_READ, ("control", None))
+        self._selector.register(self._control, selectors.EVENT_READ, ("zygote", None))
+        for lane in self.lanes:
+            self._selector.register(lane.control, selectors.EVENT_READ, ("lane", lane))
         try:
             while not self._stopping:
                 for key, _ in self._selector.select(timeout=1.0):
                     if self._selector.get_map().get(key.fd) is not key:
                         continue  # unregistered earlier in this same batch
-                    kind, runner = key.data
-                    self._dispatch(kind, runner)
+                    kind, target = key.data
+                    self._dispatch(kind, target)
         except Exception as exc:  # noqa: BLE001 - any watcher death must stop the worker
             if not self._stopping:
                 log.exception("the runner watcher stopped unexpectedly")
@@ -204,37 +267,45 @@ class Pool:
         self._stopping = True
         self.on_change()
 
-    def _dispatch(self, kind: str, runner: Runner | None) -> None:
-        if kind == "control":
-            self._on_control()
-        elif kind == "channel" and runner is not None:
-            self._on_channel(runner)
-        elif runner is not None:
-            self._on_output(runner)
+    def _dispatch(self, kind: str, target: Any) -> None:
+        if kind == "zygote":
+            self._on_zygote()
+        elif kind == "lane":
+            self._on_lane(target)
+        elif kind == "channel":
+            self._on_channel(target)
+        else:
+            self._on_output(target)
 
-    def _on_control(self) -> None:
-        frame, fds = protocol.recv_with_fds(self._control, max_fds=1)
+    def _on_zygote(self) -> None:
+        """The zygote only speaks again if a lane died or it is going away: both are fatal."""
+        frame = protocol.recv(self._control)
+        if not self._stopping:
+            what = "exited" if frame is None else f"reported a lane {frame}"
+            log.error("the runner zygote %s; stopping the worker", what)
+            self._fail(f"the runner zygote {what}")
+
+    def _on_lane(self, lane: Lane) -> None:
+        frame, fds = protocol.recv_with_fds(lane.control, max_fds=1)
         if frame is None:
             if not self._stopping:
-                log.error("the runner zygote exited unexpectedly; stopping the worker")
-                self._fail("the runner zygote exited unexpectedly")
+                log.error("runner lane %d exited unexpectedly; stopping the worker", lane.index)
+                self._fail(f"runner lane {lane.index} exited unexpectedly")
             return
         if frame["op"] == "spawned":
-            self._on_spawned(frame["pid"], fds[0])
+            self._on_spawned(lane, frame["pid"], fds[0])
         elif frame["op"] == "exited":
             self._on_exited(frame["pid"], frame["status"])
 
-    def _on_spawned(self, pid: int, pidfd: int) -> None:
-        with self._lock:
-            channel, output, slot = self._requested.popleft()
-        runner = Runner(pid=pid, pidfd=pidfd, channel=channel, output=output, slot=slot)
-        if slot.path is None:
-            slot.admit(pid)  # the rlimit fallback: prlimit from here is cheap
-        self._by_pid[pid] = runner
+    def _on_spawned(self, lane: Lane, pid: int, pidfd: int) -> None:
+        with self._lock:  # one step, so release() never sees it neither requested nor known
+            channel, output = lane.requested.popleft()
+            runner = Runner(pid=pid, pidfd=pidfd, channel=channel, output=output, lane=lane)
+            self._by_pid[pid] = runner
         self._selector.register(channel, selectors.EVENT_READ, ("channel", runner))
         self._selector.register(output, selectors.EVENT_READ, ("output", runner))
         with self._lock:
-            self._idle.append(runner)
+            lane.idle.append(runner)
         self.on_change()
 
     def _on_exited(self, pid: int, status: int) -> None:
@@ -244,23 +315,25 @@ class Pool:
         self._drain_channel(runner)
         self._drain_output(runner)
         self._unregister(runner)
-        if runner.slot is not None:
-            runner.slot.remove()  # outcome() answers from a snapshot afterwards
         runner.status = status
-        if runner.task is not None and not runner.handed_over:
-            runner.handed_over = True
+        lane = runner.lane
+        assert lane is not None
+        with self._lock:
+            hand_over = runner.task is not None and not runner.handed_over
+            runner.handed_over = runner.handed_over or hand_over
+        if hand_over:
             self.finished.put(runner)
             self.on_change()
-            self.fill()
+            self.fill(lane)
             return
         with self._lock:
-            if runner in self._idle:
-                self._idle.remove(runner)
+            if runner in lane.idle:
+                lane.idle.remove(runner)
                 log.warning("idle runner %d died (%s); forking another", pid,
                             describe_status(status))
         if runner.task is None:
             _close(runner)
-        self.fill()
+        self.fill(lane)
 
     def _on_channel(self, runner: Runner) -> None:
         frame = protocol.recv(runner.channel)
@@ -327,13 +400,53 @@ class Pool:
             return
 
 
+def _expect_ready(control: socket.socket) -> dict[str, Any] | None:
+    """The first frame of a fork server: {"op": "ready", "pid": P}, or None if it died."""
+    control.settimeout(60)
+    try:
+        frame = protocol.recv(control)
+    except TimeoutError:
+        frame = None
+    control.settimeout(None)
+    return frame if frame is not None and frame.get("op") == "ready" else None
+
+
+def _kill_leftovers(lane: Lane, reused: int) -> None:
+    """SIGKILL processes a task left in its lane's cgroup (its own children, say).
+
+    Everything in a lane is the lane's fork server, its runners (children of the fork
+    server, announced or not), or what tasks forked. Only the last kind is killed; a reused
+    runner that stays for its next task is spared too.
+    """
+    if lane.slot.path is None:
+        return
+    try:
+        pids = {int(p) for p in (lane.slot.path / "cgroup.procs").read_text().split()}
+    except OSError:
+        return
+    for pid in pids - {lane.pid, reused}:
+        if _parent_of(pid) == lane.pid:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        log.warning("killed pid %d, left behind in lane %d by its last task", pid, lane.index)
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def _close(runner: Runner) -> None:
-    """Close a runner's descriptors and remove its cgroup once nothing more can come."""
+    """Close a runner's descriptors once nothing more can come from it."""
     if runner.closed:
         return
     runner.closed = True
-    if runner.slot is not None:
-        runner.slot.remove()
     runner.channel.close()
     for fd in (runner.output, runner.pidfd):
         try:

@@ -38,19 +38,18 @@ class RunnerConfig:
     gid: int | None = None
 
 
-def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig,
-                cgroup_procs: str = "") -> NoReturn:
+def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) -> NoReturn:
     """Entry point in the forked child. Never returns."""
     try:
         isolation.die_with_parent()
         if os.getppid() == 1:  # the zygote died before we asked: nobody to run for
             os._exit(0)
-        _join_cgroup(cgroup_procs)
         _prepare(channel, output_fd)
         for _ in range(config.max_tasks):
             frame = protocol.recv(channel)
             if frame is None:
                 break
+            _set_oom_score_adj(0)  # the task is now the one the OOM killer should pick
             isolation.drop_privileges(config.uid, config.gid)
             isolation.make_non_dumpable()
             protocol.send(channel, run_frame(frame, channel))
@@ -60,16 +59,29 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig,
         os._exit(0)
 
 
-def _join_cgroup(cgroup_procs: str) -> None:
-    """Enter this runner's memory cgroup before anything else; no cap, no task."""
+def join_cgroup(cgroup_procs: str) -> None:
+    """Move this process into a cgroup (a lane, once); a lane that cannot is useless."""
     if not cgroup_procs:
         return
     try:
         with open(cgroup_procs, "w") as procs:
             procs.write(str(os.getpid()))
     except OSError as exc:
-        os.write(2, f"runner {os.getpid()} cannot join {cgroup_procs}: {exc}\n".encode())
+        os.write(2, f"runner lane {os.getpid()} cannot join {cgroup_procs}: {exc}\n".encode())
         os._exit(70)
+
+
+def protect_from_oom_killer() -> None:
+    """Lanes and idle runners (which inherit this) are never the OOM killer's pick."""
+    _set_oom_score_adj(-1000)
+
+
+def _set_oom_score_adj(value: int) -> None:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+    except OSError:
+        return  # not root: lowering is not allowed, and nothing was lowered to raise
 
 
 def _prepare(channel: socket.socket, output_fd: int) -> None:

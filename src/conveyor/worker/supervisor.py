@@ -85,7 +85,6 @@ class Run:
     hard_at: float = math.inf
     hard_timed_out: bool = False
     interrupted: bool = False
-    slot: Any = None
     runner: Runner | None = None
 
     @property
@@ -113,7 +112,7 @@ class Supervisor:
         self._consuming = False
         self.pool = Pool(list(config.apps), scrub_environment(os.environ), self._on_pool_change,
                          self.limiter, config.max_tasks_per_child, config.uid, config.gid,
-                         warm=4 * config.concurrency)
+                         lanes=config.concurrency)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -232,12 +231,17 @@ class Supervisor:
     def _start(self, run: Run, runner: Runner) -> None:
         m, c = run.message, self.config
         memory, hard, soft = self._limits(m)
-        run.slot = runner.slot
-        run.slot.set_limit(memory)
         run.runner, run.started = runner, time.monotonic()
         run.soft_at = run.started + soft if soft else math.inf
         run.hard_at = run.started + (hard or (soft + c.soft_grace if soft else math.inf))
-        self.pool.start(runner, run, {"message": self._wire(m)})
+        try:
+            self.pool.start(runner, run, {"message": self._wire(m)}, memory)
+        except OSError as exc:  # the runner died while idle: another one will take the task
+            log.warning("runner %d could not take %s (%s); trying another", runner.pid,
+                        run.log_label, exc)
+            self.pool.abandon(runner)
+            self.pending.appendleft(run)
+            return
         self.running.add(run)
         self.metrics.fork_latency.observe(run.started - run.accepted)
         self._tell("started", m, run.delivery.queue, pid=runner.pid)
@@ -276,7 +280,7 @@ class Supervisor:
         if runner.exec_mode and runner.report is None and runner.status is not None:
             runner.report = _exec_report(runner.status)
         status = runner.status if runner.exited else 0
-        oom = run.slot.outcome().oom_killed
+        oom = self.pool.oom_killed(runner)
         return classify(Facts(runner.report, status, oom, run.hard_timed_out, run.interrupted))
 
     def _action(self, run: Run, outcome: Outcome, runner: Runner, report_only: bool) -> Action:
@@ -334,9 +338,9 @@ class Supervisor:
             self._interrupt_all()
 
     def _kill(self, run: Run) -> None:
+        """SIGKILL the runner; what it forked is killed when its lane is released."""
         if run.runner is not None:
             run.runner.signal(signal.SIGKILL)
-        run.slot.kill_all()
 
     def _heartbeat(self) -> None:
         for run in [*self.running, *self.pending]:

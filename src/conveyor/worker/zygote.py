@@ -8,8 +8,10 @@ forks. No broker URL, password or signing key ever exists in its memory, so no r
 find one in its own address space either.
 
 Protocol on its control socket (SOCK_SEQPACKET, JSON frames):
-  supervisor -> zygote  {"op": "spawn", "cgroup_procs": PATH} + fds [runner channel,
-                        runner output pipe]; the runner joins that cgroup first thing
+  supervisor -> zygote  {"op": "lane", "cgroup_procs": PATH} + fds [lane control]: fork a
+                        lane, a zygote of its own that joins that cgroup once and serves
+                        the same protocol on its control socket (pool.py says why)
+  supervisor -> lane    {"op": "spawn"} + fds [runner channel, runner output pipe]
   zygote -> supervisor  {"op": "spawned", "pid": P} + fds [pidfd of P]
   zygote -> supervisor  {"op": "exited", "pid": P, "status": S}   (raw waitpid status)
 If the supervisor goes away (EOF), the zygote kills every runner it forked and exits.
@@ -29,7 +31,7 @@ from typing import NoReturn
 
 from conveyor.worker import protocol
 from conveyor.worker.isolation import die_with_parent
-from conveyor.worker.runner import RunnerConfig, runner_main
+from conveyor.worker.runner import RunnerConfig, join_cgroup, protect_from_oom_killer, runner_main
 
 
 class Zygote:
@@ -58,19 +60,44 @@ class Zygote:
         if frame is None:
             return False
         if frame.get("op") == "spawn" and len(fds) == 2:
-            self._spawn(fds[0], fds[1], frame.get("cgroup_procs", ""))
+            self._spawn(fds[0], fds[1])
+        elif frame.get("op") == "lane" and len(fds) == 1:
+            self._lane(fds[0], frame.get("cgroup_procs", ""))
         for fd in fds:
             os.close(fd)
         return True
 
-    def _spawn(self, channel_fd: int, output_fd: int, cgroup_procs: str) -> None:
+    def _forked(self) -> bool:
+        """Fork; in the child, drop the parent's descriptors and signal plumbing."""
         pid = os.fork()
         if pid == 0:
             self.control.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
             signal.set_wakeup_fd(-1)
-            runner_main(socket.socket(fileno=channel_fd), output_fd, self.config, cgroup_procs)
+            return True
+        self.children.add(pid)
+        return False
+
+    def _lane(self, control_fd: int, cgroup_procs: str) -> None:
+        """Fork a lane: a fork server of its own, parked for good in the lane's cgroup."""
+        if not self._forked():
+            return
+        control = socket.socket(fileno=os.dup(control_fd))
+        die_with_parent()
+        join_cgroup(cgroup_procs)
+        protect_from_oom_killer()
+        protocol.send(control, {"op": "ready", "pid": os.getpid()})
+        Zygote(control, self.config).serve()
+
+    def _spawn(self, channel_fd: int, output_fd: int) -> None:
+        pid = os.fork()
+        if pid == 0:
+            self.control.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            signal.set_wakeup_fd(-1)
+            runner_main(socket.socket(fileno=channel_fd), output_fd, self.config)
         self.children.add(pid)
         pidfd = os.pidfd_open(pid)
         try:
