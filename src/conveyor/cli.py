@@ -54,11 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler_cli.register(commands)
     from conveyor.autoscaler import cli as autoscaler_cli
     autoscaler_cli.register(commands)
-    from conveyor import config_cli, deadletters, runs_cli, status
+    from conveyor import config_cli, deadletters, runs_cli, status, up
     config_cli.register(commands)
     status.register(commands)
     deadletters.register(commands)
     runs_cli.register(commands)
+    up.register(commands)
     _log_flags(commands)
     return parser
 

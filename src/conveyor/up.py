@@ -1,0 +1,286 @@
+"""`conveyor up`: the whole system in one command and one process tree.
+
+A scheduler (a child process), an autoscaler (this process) and the workers it starts on
+demand (its children), on the embedded SQLite files in the data directory unless given
+`--broker` and `--state`. With the bundled example DAGs (the default `--dags-folder`) it
+creates today's run of each unscheduled one, once a day: starting again resumes the same
+run instead of creating another. Your own DAGs run on their schedules and
+`conveyor dags trigger`.
+
+Ctrl-C drains: the scheduler stops, workers finish what they hold (up to --drain-timeout)
+and exit, and `up` exits 0 with nothing left running. A second Ctrl-C is a cold stop:
+workers kill their tasks and requeue them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from conveyor import broker as brokers
+from conveyor.autoscaler import daemon as autoscalers
+from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
+from conveyor.autoscaler.policy import Rule
+from conveyor.config import Settings, env_flag
+from conveyor.scheduler import examples
+from conveyor.scheduler import store as stores
+from conveyor.scheduler.daemon import task_modules
+from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.loader import load_folder
+from conveyor.scheduler.runs import create_run
+from conveyor.worker.isolation import die_with_parent
+
+log = logging.getLogger("conveyor.up")
+EXAMPLES = Path(examples.__file__).parent / "dags"
+#: How often the run printer reads the store (it prints; nothing waits on it).
+PRINT_EVERY = 0.5
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser("up", help="scheduler, autoscaler and workers in one command, "
+                            "on the embedded SQLite files", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+             help="broker URL (default: the embedded SQLite file)")
+    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="",
+             help="state store URL (default: the embedded SQLite file)")
+    env_flag(p, "--dags-folder", env="CONVEYOR_DAGS_FOLDER", default="",
+             help="folder of DAG files (default: the bundled examples, revenue among them)")
+    env_flag(p, "-Q", "--queues", env="CONVEYOR_QUEUES", default="default",
+             help="comma-separated queues the workers serve")
+    env_flag(p, "--max-workers", env="CONVEYOR_UP_MAX_WORKERS", default=2, kind=int,
+             help="most worker processes the autoscaler starts")
+    env_flag(p, "-c", "--concurrency", env="CONVEYOR_CONCURRENCY", default=2, kind=int,
+             help="runner slots per worker")
+    env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=10.0, kind=float,
+             help="seconds running tasks get to finish after Ctrl-C")
+    env_flag(p, "--metrics-port", env="CONVEYOR_AUTOSCALER_METRICS_PORT", default=9400,
+             kind=int, help="the autoscaler's /metrics and queue-depth API (0: off)")
+    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+    p.set_defaults(run=run_up)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where everything is: what `up` prints first and every process is given."""
+
+    broker_url: str
+    state_url: str
+    dags_folder: Path
+    examples: bool
+    queues: tuple[str, ...]
+    env: dict[str, str]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Plan:
+        settings = Settings.from_env(broker_url=args.broker or None,
+                                     state_url=args.state or None)
+        data = brokers.data_dir()
+        data.mkdir(parents=True, exist_ok=True)
+        # the example DAG file reads its ledger when loaded, here and in the scheduler
+        os.environ.setdefault("CONVEYOR_REVENUE_LEDGER", str(data / "revenue-ledger.txt"))
+        return cls(broker_url=settings.broker_url or brokers.default_url(),
+                   state_url=settings.state_url or stores.default_url(),
+                   dags_folder=Path(args.dags_folder or EXAMPLES),
+                   examples=not args.dags_folder,
+                   queues=tuple(q.strip() for q in args.queues.split(",") if q.strip()),
+                   env=dict(os.environ))
+
+
+def run_up(args: argparse.Namespace) -> int:
+    plan = Plan.from_args(args)
+    loaded = load_folder(plan.dags_folder, ("queue",))
+    for error in loaded.errors:
+        log.error("DAG not loaded: %s", error)
+    scheduler = _start_scheduler(plan, args.log_level, args.log_format)
+    daemon, server = autoscalers.build(_autoscaler_config(plan, args, loaded.dags))
+    stopper = Stopper(scheduler, daemon)
+    stopper.install()
+    _banner(plan, loaded.dags, server.port if server else 0, scheduler.pid, args.max_workers)
+    if plan.examples:
+        _create_todays_runs(plan, loaded.dags)
+    printer = RunPrinter(plan.state_url, stopper)
+    printer.start()
+    try:
+        daemon.run()
+    finally:
+        if server is not None:
+            server.close()
+        stopper.stop_scheduler()
+        printer.stop()
+    code = scheduler.wait()
+    # SIGTERM before its handlers were installed (a Ctrl-C right at start) is a clean stop too
+    clean = code == 0 or (code == -signal.SIGTERM and stopper.signals > 0)
+    print(f"conveyor up: stopped (scheduler exit {code}); nothing is left running", flush=True)
+    return 0 if clean and not stopper.failed else 1
+
+
+def _start_scheduler(plan: Plan, level: str, fmt: str) -> subprocess.Popen[bytes]:
+    """The scheduler as a child in its own session: Ctrl-C reaches `up` only, which stops
+    it in order; it gets SIGTERM if `up` dies."""
+    argv = [sys.executable, "-m", "conveyor.cli", "scheduler", "--executors=queue",
+            f"--dags-folder={plan.dags_folder}", f"--broker={plan.broker_url}",
+            f"--state={plan.state_url}", f"--log-level={level}", f"--log-format={fmt}"]
+    return subprocess.Popen(argv, env=plan.env, stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+
+
+def _autoscaler_config(plan: Plan, args: argparse.Namespace,
+                       dags: dict[str, DAG]) -> AutoscalerConfig:
+    """One local target: worker processes for the queues, started on demand, down to zero."""
+    apps = task_modules(dags, "queue", "queue")
+    worker_args = [f"--state={plan.state_url}", "--heartbeat-interval=2",
+                   f"--log-level={args.log_level}", f"--log-format={args.log_format}"]
+    worker_args += [f"--app={','.join(apps)}"] if apps else []
+    rule = Rule(slots_per_replica=args.concurrency, max_replicas=args.max_workers,
+                cooldown=30.0, stabilization_window=10.0)
+    target = TargetConfig(name="workers", kind="local", queues=plan.queues, rule=rule,
+                          polling_interval=1.0, drain_timeout=args.drain_timeout,
+                          worker_args=tuple(worker_args))
+    return AutoscalerConfig(broker_url=plan.broker_url, metrics_port=args.metrics_port,
+                            metrics_addr="127.0.0.1", targets=(target,))
+
+
+def _banner(plan: Plan, dags: dict[str, DAG], port: int, scheduler_pid: int,
+            max_workers: int) -> None:
+    lines = [
+        "conveyor up",
+        f"  broker       {brokers.redact(plan.broker_url)}",
+        f"  state        {brokers.redact(plan.state_url)}",
+        f"  DAGs         {plan.dags_folder} ({', '.join(sorted(dags)) or 'none loaded'})",
+        f"  scheduler    pid {scheduler_pid}",
+        f"  workers      0 to {max_workers} on demand, "
+        f"queues {','.join(plan.queues)}; each serves /metrics on a port of its own",
+        f"  autoscaler   {f'http://127.0.0.1:{port}/metrics' if port else 'metrics off'}",
+        "  see          conveyor status | conveyor runs list | conveyor dead-letters list",
+        "  stop         Ctrl-C drains; a second Ctrl-C stops at once"]
+    print("\n".join(lines), flush=True)
+
+
+def _create_todays_runs(plan: Plan, dags: dict[str, DAG]) -> None:
+    """Today's run of each unscheduled example DAG; one per day, so a restart resumes it."""
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    store = stores.from_url(plan.state_url)
+    try:
+        for dag in dags.values():
+            if dag.schedule:
+                continue
+            run_id = create_run(store, dag, datetime.now(UTC).timestamp(), executors=["queue"],
+                                logical_date=today, run_type="manual")
+            if run_id is None:
+                row = store.one("run_by_date", dag_id=dag.dag_id, logical_date=today)
+                print(f"run {row['run_id'] if row else '?'} of {dag.dag_id}: today's run "
+                      f"exists ({row['state'] if row else '?'}), resuming it", flush=True)
+            else:
+                print(f"run {run_id} of {dag.dag_id}: created for today", flush=True)
+    finally:
+        store.close()
+    from conveyor.scheduler import daemon as scheduler_daemon
+    from conveyor.scheduler.config import SchedulerConfig
+    scheduler_daemon.poke(SchedulerConfig(settings=Settings(broker_url=plan.broker_url)),
+                          "up")
+
+
+class Stopper:
+    """Ctrl-C handling: the first drains, the second is a cold stop."""
+
+    def __init__(self, scheduler: subprocess.Popen[bytes], daemon: autoscalers.Daemon) -> None:
+        self.scheduler = scheduler
+        self.daemon = daemon
+        self.signals = 0
+        self.failed = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            print("\nconveyor up: draining: the scheduler stops, workers finish what they "
+                  "hold (Ctrl-C again to stop at once)", flush=True)
+            self.stop_scheduler()
+            self.daemon.stop()
+            return
+        print("\nconveyor up: cold stop: tasks are killed and requeued", flush=True)
+        for s in self.daemon.scaled:
+            for pid in getattr(s.target, "pids", list)():
+                _signal(pid, signal.SIGTERM)   # a worker's second signal: cold shutdown
+        _signal(self.scheduler.pid, signal.SIGKILL)
+
+    def stop_scheduler(self) -> None:
+        if self.scheduler.poll() is None:
+            self.scheduler.send_signal(signal.SIGTERM)
+
+    def fail(self, why: str) -> None:
+        """A part died on its own: say so and stop everything (fail fast)."""
+        log.error("conveyor up: %s; stopping everything", why)
+        self.failed = True
+        self.daemon.stop()
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class RunPrinter:
+    """Prints each run's changes of state (created, running, success, failed) as they
+    happen, and watches that the scheduler is alive."""
+
+    def __init__(self, state_url: str, stopper: Stopper) -> None:
+        self.state_url = state_url
+        self.stopper = stopper
+        self.seen: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="conveyor-up-runs", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        store = stores.from_url(self.state_url)
+        try:
+            while not self._stop.wait(PRINT_EVERY):
+                if self.stopper.scheduler.poll() is not None and not self.stopper.signals:
+                    self.stopper.fail(f"the scheduler exited on its own "
+                                      f"(code {self.stopper.scheduler.returncode})")
+                    return
+                self.print_changes(store)
+        finally:
+            store.close()
+
+    def print_changes(self, store: Any) -> None:
+        for run in reversed(store.rows("recent_runs", dag_id="", state="", limit=20)):
+            if self.seen.get(run["run_id"]) == run["state"]:
+                continue
+            self.seen[run["run_id"]] = run["state"]
+            print(f"run {run['run_id']} of {run['dag_id']}: {run['state']}"
+                  + _detail(store, run), flush=True)
+
+
+def _detail(store: Any, run: dict[str, Any]) -> str:
+    if run["state"] not in ("success", "failed"):
+        return ""
+    tasks = store.rows("run_tis", run_id=run["run_id"])
+    retried = [f"{t['task_id']} took {t['attempt']} attempts" for t in tasks if t["attempt"] > 1]
+    took = run["ended_at"] - run["started_at"] if run["started_at"] else 0.0
+    return (f" in {took:.1f} s" + (f" ({'; '.join(retried)})" if retried else "")
+            + f": conveyor runs show {run['run_id']}")

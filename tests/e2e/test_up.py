@@ -1,0 +1,135 @@
+"""`conveyor up` as a newcomer runs it: one command, the revenue DAG to success, status
+showing it, Ctrl-C draining everything, and a restart that resumes instead of re-running."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.scheduler.examples.revenue import ledger_counts
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    return {**clean, "CONVEYOR_HOME": str(tmp_path / "home")}
+
+
+@pytest.fixture
+def ups() -> Iterator[list[subprocess.Popen[str]]]:
+    """Every `up` a test starts: killed (by pid) if the test left it running."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        close(proc)
+
+
+def start_up(env: dict[str, str], ups: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    """`conveyor up` in the test's directory; its logs go to up.log there."""
+    folder = Path(env["CONVEYOR_HOME"]).parent
+    with open(folder / "up.log", "a") as logs:
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "up", "--metrics-port=0",
+                                 "--drain-timeout=5"], env=env, text=True, cwd=folder,
+                                stdout=subprocess.PIPE, stderr=logs)
+    ups.append(proc)
+    return proc
+
+
+def close(proc: subprocess.Popen[str]) -> None:
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def read_until(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> list[str]:
+    """stdout lines up to and including the first containing `text`."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if text in line:
+                return lines
+    raise AssertionError(f"no line with {text!r} within {timeout:g} s:\n{''.join(lines)}")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def conveyor_json(env: dict[str, str], *argv: str) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", *argv, "--json"], env=env,
+                          capture_output=True, text=True, check=True, timeout=60)
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def interrupt(proc: subprocess.Popen[str]) -> list[int]:
+    """SIGINT, as Ctrl-C does; wait for the exit; the processes that were below it."""
+    below = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    close(proc)
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in below) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in below if alive(p)]
+
+
+def test_up_runs_revenue_to_success_drains_on_ctrl_c_and_resumes(
+        env: dict[str, str], ups: list[subprocess.Popen[str]]) -> None:
+    first = start_up(env, ups)
+    lines = read_until(first, "of revenue: success")
+    assert any("broker       sqlite:///" in line for line in lines)
+    run_id = lines[-1].split()[1]
+    status = conveyor_json(env, "status")
+    [run] = [r for r in status["runs"] if r["run_id"] == run_id]  # type: ignore[attr-defined]
+    assert run["state"] == "success" and len(run["tasks"]) == 6
+    assert run["tasks"]["extract_payments"] == {"state": "success", "attempt": 2}
+    assert interrupt(first) == []
+
+    second = start_up(env, ups)
+    read_until(second, f"run {run_id} of revenue: today's run exists (success), resuming it")
+    assert interrupt(second) == []
+    runs = conveyor_json(env, "runs", "list")["runs"]
+    assert [r["run_id"] for r in runs] == [run_id]  # type: ignore[attr-defined]
+    ledger = ledger_counts(str(Path(env["CONVEYOR_HOME"]) / "revenue-ledger.txt"))
+    assert ledger["extract_orders"] == 1 and ledger["load_dashboard"] == 1
