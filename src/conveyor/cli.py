@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,10 +39,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Long-running commands that import only their own module: a worker's footprint must not
+#: carry the scheduler's, the autoscaler's or the operator tools' imports.
+LEAN = {"worker": "conveyor.worker.cli"}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description=__doc__)
     config.declare_settings()
     commands = parser.add_subparsers(dest="command", required=True)
+    if command in LEAN:
+        importlib.import_module(LEAN[command]).register(commands)
+        _log_flags(commands)
+        return parser
     demo = commands.add_parser("demo", help=cmd_demo.__doc__)
     demo.add_argument("--broker", default=None, help="broker URL (default: embedded SQLite)")
     demo.add_argument("--count", type=int, default=5)
@@ -86,7 +96,8 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser(argv[0] if argv else None).parse_args(argv)
         config.check_file()
         _setup_logging(args)
         run: Command = args.run
