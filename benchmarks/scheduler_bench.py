@@ -44,7 +44,14 @@ from conveyor.scheduler.daemon import build
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
 from conveyor.scheduler.store import from_url
-from conveyor.scheduler.testing import RecordingExecutor, event, run_to_end, spawn, stop
+from conveyor.scheduler.testing import (
+    RecordingExecutor,
+    drop_redis_prefix,
+    event,
+    run_to_end,
+    spawn,
+    stop,
+)
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 URLS = {
@@ -108,6 +115,8 @@ def run_on_workers(dag: DAG, broker: str, tmp: Path, tag: str, slots: int = 2,
                 broker_.purge(q)
         if broker == "postgres":
             drop_schema(f"sbench{tag}")
+        if broker == "redis":
+            drop_redis_prefix(url, f"sbench{tag}")
 
 
 def bench_hops(broker: str, hops: int) -> dict[str, Any]:
@@ -179,6 +188,8 @@ def bench_worker_alone(broker: str, n: int) -> float:
             client.close()
             if broker == "postgres":
                 drop_schema(f"sbench{tag}")
+            if broker == "redis":
+                drop_redis_prefix(url, f"sbench{tag}")
 
 
 def bench_idle(seconds: float) -> dict[str, Any]:
@@ -240,6 +251,9 @@ def reachable(broker: str) -> bool:
     except Exception as exc:  # report and skip a transport that is not there
         print(f"skipping {broker}: {exc!r}", file=sys.stderr)
         return False
+    finally:
+        if broker == "postgres":
+            drop_schema("sbenchprobe")
 
 
 def main() -> int:

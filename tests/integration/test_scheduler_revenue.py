@@ -21,8 +21,8 @@ from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import build
 from conveyor.scheduler.examples import revenue
 from conveyor.scheduler.runs import trigger
-from conveyor.scheduler.testing import run_to_end, spawn, stop
-from tests.conftest import POSTGRES_URL, require_service
+from conveyor.scheduler.testing import drop_redis_prefix, run_to_end, spawn, stop
+from tests.conftest import POSTGRES_URL, REDIS_URL, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
 
 SEED_FAILS_TWICE = 21
@@ -42,6 +42,8 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> I
         with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
                 sql.Identifier(unique)))
+    if service == "redis":
+        drop_redis_prefix(REDIS_URL, unique)
 
 
 

@@ -104,3 +104,13 @@ def run_to_end(daemon: Daemon, timeout: float = 60.0) -> None:
         daemon.run(burst=True)
     finally:
         watchdog.cancel()
+
+
+def drop_redis_prefix(url: str, prefix: str) -> None:
+    """Delete every key under `prefix`: what a Redis broker left behind for a test."""
+    import redis
+
+    with redis.Redis.from_url(url.split("?", 1)[0]) as db:
+        keys = list(db.scan_iter(f"{prefix}:*"))
+        if keys:
+            db.delete(*keys)
