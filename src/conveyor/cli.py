@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser(argv[0] if argv else None).parse_args(argv)
-        config.check_file()
+        if not argv or argv[0] not in LEAN:   # a lean parser knows only its own keys
+            config.check_file()
         _setup_logging(args)
         run: Command = args.run
         return run(args)

@@ -140,6 +140,8 @@ class Key:
     dest: str = ""
     commands: list[str] = field(default_factory=list)
     convert: Callable[[str], Any] | None = None
+    #: command -> its default, where commands sharing the setting differ
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -163,6 +165,7 @@ def declare(env: str, *, default: Any = None, help: str = "", flags: tuple[str, 
         key.flags, key.dest = flags, dest
     if command and command not in key.commands:
         key.commands.append(command)
+        key.defaults[command] = default
     return key
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from conveyor import config
 from conveyor.config import CATALOG, Key, lookup, shown
+from conveyor.errors import ConfigError
 
 #: Defaults that depend on the machine, described instead of printed.
 MACHINE_DEFAULTS = {"CONVEYOR_CONCURRENCY": "CPU count", "CONVEYOR_HOSTNAME": "host name"}
@@ -32,6 +34,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
                       help="a conveyor command line whose flags to apply, e.g. worker -c 8")
     show.set_defaults(run=run_show)
     ref = group.add_parser("reference", help="the configuration reference, as Markdown")
+    ref.add_argument("--write", metavar="README", default="", help="replace the reference "
+                     "section of this file instead of printing it")
     ref.set_defaults(run=run_reference)
 
 
@@ -79,15 +83,45 @@ def reference() -> str:
     lines = ["| key (TOML) | environment | flag | default | commands | meaning |",
              "|---|---|---|---|---|---|"]
     for key in sorted(CATALOG.values(), key=lambda k: k.name):
-        default = MACHINE_DEFAULTS.get(key.env) or shown(key, key.default)
+        default = _defaults(key)
         flag = ", ".join(f"`{f}`" for f in key.flags)
         commands = ", ".join(sorted(key.commands)) or "all"
         meaning = key.help.replace("|", "\\|")
-        lines.append(f"| `{key.name}` | `{key.env}` | {flag} | {default and f'`{default}`'} "
+        lines.append(f"| `{key.name}` | `{key.env}` | {flag} | {default} "
                      f"| {commands} | {meaning} |")
     return "\n".join(lines) + "\n"
 
 
+def section(text: str) -> str:
+    """The generated reference inside a README (between the markers), or ""."""
+    if REFERENCE_START not in text or REFERENCE_END not in text:
+        return ""
+    return text.split(REFERENCE_START, 1)[1].split(REFERENCE_END, 1)[0].strip("\n") + "\n"
+
+
+def _defaults(key: Key) -> str:
+    """The default as the reference shows it: per command where commands differ."""
+    def one(value: Any) -> str:
+        text = MACHINE_DEFAULTS.get(key.env) if value == key.default else None
+        return text or shown(key, value) or "none"
+    distinct = {repr(v) for v in key.defaults.values()}
+    if len(distinct) <= 1:
+        return "" if key.default in (None, "", ()) else one(key.default)
+    return "; ".join(f"{command}: {one(value)}"
+                     for command, value in sorted(key.defaults.items()))
+
+
 def run_reference(args: argparse.Namespace) -> int:
-    print(reference(), end="")
+    if not args.write:
+        print(reference(), end="")
+        return 0
+    path = Path(args.write)
+    text = path.read_text()
+    if not section(text) and REFERENCE_START not in text:
+        raise ConfigError(f"{path} has no line {REFERENCE_START!r}: add it and "
+                          f"{REFERENCE_END!r} where the reference belongs")
+    before, rest = text.split(REFERENCE_START, 1)
+    after = rest.split(REFERENCE_END, 1)[1]
+    path.write_text(f"{before}{REFERENCE_START}\n{reference()}{REFERENCE_END}{after}")
+    print(f"{path}: configuration reference updated")
     return 0

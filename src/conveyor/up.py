@@ -60,7 +60,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
              help="comma-separated queues the workers serve")
     env_flag(p, "--max-workers", env="CONVEYOR_UP_MAX_WORKERS", default=2, kind=int,
              help="most worker processes the autoscaler starts")
-    env_flag(p, "-c", "--concurrency", env="CONVEYOR_CONCURRENCY", default=2, kind=int,
+    env_flag(p, "-c", "--concurrency", env="CONVEYOR_CONCURRENCY", default=os.cpu_count() or 2,
+             kind=int,
              help="runner slots per worker")
     env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=10.0, kind=float,
              help="seconds running tasks get to finish after Ctrl-C")
