@@ -139,7 +139,6 @@ def config_from(args: argparse.Namespace) -> SchedulerConfig:
 # -- scheduler ---------------------------------------------------------------------------------
 
 def run_scheduler(args: argparse.Namespace) -> int:
-    _logging(args.log_level, args.json)
     config = config_from(args)
     loaded = _load(config)
     for error in loaded.errors:
@@ -154,22 +153,6 @@ def run_scheduler(args: argparse.Namespace) -> int:
     finally:
         daemon.close()
     return 0
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {"at": record.created, "level": record.levelname, "logger": record.name,
-               "message": record.getMessage()}
-        if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def _logging(level: str, as_json: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if as_json else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def _load(config: SchedulerConfig) -> Loaded:
