@@ -133,3 +133,22 @@ def test_up_runs_revenue_to_success_drains_on_ctrl_c_and_resumes(
     assert [r["run_id"] for r in runs] == [run_id]  # type: ignore[attr-defined]
     ledger = ledger_counts(str(Path(env["CONVEYOR_HOME"]) / "revenue-ledger.txt"))
     assert ledger["extract_orders"] == 1 and ledger["load_dashboard"] == 1
+
+
+def test_up_runs_the_same_system_on_redis_and_postgres(
+        env: dict[str, str], ups: list[subprocess.Popen[str]], unique: str) -> None:
+    from tests.conftest import POSTGRES_URL, REDIS_URL, clean_transport, require_service
+    require_service("redis")
+    require_service("postgres")
+    env = {**env, "CONVEYOR_BROKER_URL": f"{REDIS_URL}?prefix={unique}",
+           "CONVEYOR_STATE_URL": f"{POSTGRES_URL}?schema={unique}"}
+    try:
+        proc = start_up(env, ups)
+        lines = read_until(proc, "of revenue: success")
+        assert any(f"broker       {REDIS_URL}?prefix={unique}" in line for line in lines)
+        assert interrupt(proc) == []
+        runs = conveyor_json(env, "runs", "list")["runs"]
+        assert [r["state"] for r in runs] == ["success"]  # type: ignore[attr-defined]
+    finally:
+        clean_transport("redis", unique)
+        clean_transport("postgres", unique)
