@@ -100,8 +100,8 @@ class LocalWorkers:
         proc = subprocess.Popen(argv, env=self._env, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         self._live.append(Worker(proc, port, self._clock()))
-        log.info("target %s: started worker pid %d (queues %s, %d slots)", self.name,
-                 proc.pid, ",".join(self.queues), self.slots)
+        log.info("target %s: started worker pid %d (queues %s, %d slots, /metrics on "
+                 "port %d)", self.name, proc.pid, ",".join(self.queues), self.slots, port)
 
     def _idlest(self, n: int) -> list[Worker]:
         """The `n` workers cheapest to stop: idle first, then unknown, busy last; newest
