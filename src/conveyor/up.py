@@ -162,7 +162,7 @@ def _banner(plan: Plan, dags: dict[str, DAG], port: int, scheduler_pid: int,
         f"  DAGs         {plan.dags_folder} ({', '.join(sorted(dags)) or 'none loaded'})",
         f"  scheduler    pid {scheduler_pid}",
         f"  workers      0 to {max_workers} on demand, "
-        f"queues {','.join(plan.queues)}; each serves /metrics on a port of its own",
+        f"queues {','.join(plan.queues)}; each logs the port of its /metrics",
         f"  autoscaler   {f'http://127.0.0.1:{port}/metrics' if port else 'metrics off'}",
         "  see          conveyor status | conveyor runs list | conveyor dead-letters list",
         "  stop         Ctrl-C drains; a second Ctrl-C stops at once"]
