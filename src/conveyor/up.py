@@ -121,7 +121,9 @@ def run_up(args: argparse.Namespace) -> int:
         printer.stop()
     code = scheduler.wait()
     # SIGTERM before its handlers were installed (a Ctrl-C right at start) is a clean stop too
-    clean = code == 0 or (code == -signal.SIGTERM and stopper.signals > 0)
+    # (and a cold stop kills it)
+    clean = code == 0 or (code == -signal.SIGTERM and stopper.signals > 0) or (
+        code == -signal.SIGKILL and stopper.signals > 1)
     print(f"conveyor up: stopped (scheduler exit {code}); nothing is left running", flush=True)
     return 0 if clean and not stopper.failed else 1
 

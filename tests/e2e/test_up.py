@@ -52,20 +52,30 @@ def close(proc: subprocess.Popen[str]) -> None:
         proc.stdout.close()
 
 
+_PENDING: dict[int, str] = {}
+
+
 def read_until(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> list[str]:
-    """stdout lines up to and including the first containing `text`."""
+    """stdout lines up to and including the first containing `text` (read from the pipe's
+    descriptor: a buffered reader could hold lines that select() no longer reports)."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     lines: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
+        pending = _PENDING.get(proc.pid, "")
+        while "\n" in pending:
+            line, pending = pending.split("\n", 1)
+            _PENDING[proc.pid] = pending
+            lines.append(line + "\n")
             if text in line:
                 return lines
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            chunk = os.read(fd, 65536).decode()
+            if not chunk:
+                break
+            _PENDING[proc.pid] = pending + chunk
     raise AssertionError(f"no line with {text!r} within {timeout:g} s:\n{''.join(lines)}")
 
 
@@ -152,3 +162,28 @@ def test_up_runs_the_same_system_on_redis_and_postgres(
     finally:
         clean_transport("redis", unique)
         clean_transport("postgres", unique)
+
+
+def test_a_second_ctrl_c_is_a_cold_stop(env: dict[str, str],
+                                        ups: list[subprocess.Popen[str]]) -> None:
+    proc = start_up({**env, "CONVEYOR_REVENUE_PAUSE": "60"}, ups)   # clean_orders: 60 s
+    run_id = read_until(proc, "of revenue: created")[-1].split()[1]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        [run] = [r for r in conveyor_json(env, "status")["runs"]  # type: ignore[attr-defined]
+                 if r["run_id"] == run_id]
+        if run["tasks"]["clean_orders"]["state"] == "running":
+            break
+        time.sleep(0.2)
+    below = descendants(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    read_until(proc, "draining")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    assert time.monotonic() - started < 10     # not the 60 s task, nor the 5 s drain timeout
+    close(proc)
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in below) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in below if alive(p)] == []
