@@ -28,7 +28,7 @@ SCAN = 100_000
 BATCH = 500
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(commands: argparse._SubParsersAction) -> None:
     group = commands.add_parser("dead-letters", help="list, show, requeue or purge dead "
                                 "letters", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -18,7 +18,7 @@ from conveyor.scheduler.runs import iso
 STATES = ("queued", "running", "success", "failed")
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(commands: argparse._SubParsersAction) -> None:
     runs = _subcommands(commands.choices["runs"])
     listing = runs.add_parser("list", help="runs, newest first")
     listing.add_argument("--dag", default="", help="only runs of this DAG")
@@ -36,7 +36,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     show.set_defaults(run=run_tasks_show)
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
     """The sub-command group of a command declared elsewhere (`runs`, the scheduler's)."""
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 

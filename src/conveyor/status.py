@@ -21,7 +21,7 @@ from conveyor.scheduler.store import Store
 from conveyor.worker.registry import workers
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("status", help="queues, workers and recent runs at a glance",
                             description=__doc__)
     p.add_argument("-Q", "--queue", action="append", default=[], help="also show this queue "

@@ -39,6 +39,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.loader import load_folder
 from conveyor.scheduler.runs import create_run
 from conveyor.worker.isolation import die_with_parent
+from conveyor.worker.registry import workers
 
 log = logging.getLogger("conveyor.up")
 EXAMPLES = Path(examples.__file__).parent / "dags"
@@ -46,7 +47,7 @@ EXAMPLES = Path(examples.__file__).parent / "dags"
 PRINT_EVERY = 0.5
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("up", help="scheduler, autoscaler and workers in one command, "
                             "on the embedded SQLite files", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -248,6 +249,7 @@ class RunPrinter:
         self.state_url = state_url
         self.stopper = stopper
         self.seen: dict[str, str] = {}
+        self.draining = -1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="conveyor-up-runs", daemon=True)
 
@@ -267,8 +269,17 @@ class RunPrinter:
                                       f"(code {self.stopper.scheduler.returncode})")
                     return
                 self.print_changes(store)
+                if self.stopper.signals == 1:
+                    self.print_drain(store)
         finally:
             store.close()
+
+    def print_drain(self, store: Any) -> None:
+        """While draining: how many tasks the workers still hold (from the registry)."""
+        busy = sum(w.busy for w in workers(store))
+        if busy != self.draining:
+            self.draining = busy
+            print(f"draining: {busy} task(s) still running", flush=True)
 
     def print_changes(self, store: Any) -> None:
         for run in reversed(store.rows("recent_runs", dag_id="", state="", limit=20)):
