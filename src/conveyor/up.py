@@ -32,6 +32,7 @@ from conveyor.autoscaler import daemon as autoscalers
 from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
 from conveyor.autoscaler.policy import Rule
 from conveyor.config import Settings, env_flag
+from conveyor.errors import ConfigError
 from conveyor.scheduler import examples
 from conveyor.scheduler import store as stores
 from conveyor.scheduler.daemon import task_modules
@@ -105,7 +106,14 @@ def run_up(args: argparse.Namespace) -> int:
     for error in loaded.errors:
         log.error("DAG not loaded: %s", error)
     scheduler = _start_scheduler(plan, args.log_level, args.log_format)
-    daemon, server = autoscalers.build(_autoscaler_config(plan, args, loaded.dags))
+    try:
+        daemon, server = autoscalers.build(_autoscaler_config(plan, args, loaded.dags))
+    except OSError as exc:   # the metrics port is taken
+        scheduler.terminate()
+        scheduler.wait()
+        raise ConfigError(f"cannot serve the autoscaler's metrics on port "
+                          f"{args.metrics_port} ({exc.strerror}): pass --metrics-port with a "
+                          "free port, or 0 for none") from None
     stopper = Stopper(scheduler, daemon)
     stopper.install()
     _banner(plan, loaded.dags, server.port if server else 0, scheduler.pid, args.max_workers)
