@@ -20,6 +20,7 @@ SERVICES = {
 REDIS_URL = "redis://127.0.0.1:6379/0"
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+RABBITMQ_MANAGEMENT = "http://127.0.0.1:15672"
 
 
 def require_service(name: str) -> None:
@@ -60,9 +61,37 @@ def delete_redis_prefix(prefix: str) -> None:
         client.close()
 
 
+def delete_rabbitmq_queues(name: str) -> None:
+    """Delete every queue whose name holds a test's unique name (its dead-letter and delay
+    queues too) through the management API: purging leaves quorum queues behind, and each
+    one holds file descriptors on the shared server until it runs out of them."""
+    import base64
+    import json
+    import urllib.parse
+    import urllib.request
+
+    auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+
+    def call(method: str, path: str) -> object:
+        request = urllib.request.Request(f"{RABBITMQ_MANAGEMENT}{path}", method=method,
+                                         headers=auth)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+    try:
+        queues = call("GET", "/api/queues/%2F?columns=name")
+    except OSError:
+        return  # no management API: nothing we can list
+    for queue in queues if isinstance(queues, list) else []:
+        if name in queue["name"]:
+            call("DELETE", "/api/queues/%2F/" + urllib.parse.quote(queue["name"], safe=""))
+
+
 def clean_transport(transport: str, name: str) -> None:
     """Remove what a test left on a shared server under its unique name."""
     if transport == "postgres":
         drop_postgres_schema(name)
-    elif transport == "redis":
+    elif transport in ("redis", "kombu+redis"):
         delete_redis_prefix(name)
+    elif transport in ("rabbitmq", "kombu+amqp"):
+        delete_rabbitmq_queues(name)
