@@ -15,12 +15,13 @@ import pytest
 
 from conveyor import cli
 from conveyor.broker import Broker, from_url
+from conveyor.client import Client
 from conveyor.message import Codec, Message
 from conveyor.scheduler import store as stores
 from conveyor.scheduler.examples.revenue import build
 from conveyor.scheduler.runs import trigger
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, REDIS_URL, clean_transport, require_service
-from tests.integration.workerkit import start_worker, worker_env
+from tests.integration.workerkit import finish, start_worker, task_message, worker_env
 
 URLS = {"sqlite": (None, "sqlite:///{tmp}/broker.db"),
         "redis": ("redis", REDIS_URL + "?prefix={name}"),
@@ -160,3 +161,14 @@ def test_a_wrong_config_value_stops_a_daemon_with_one_line(tmp_path: Path) -> No
     assert done.returncode == 2
     assert done.stderr == ("conveyor: conveyor.toml: drain_timeout='soon' is not allowed: "
                            "must be a number\n")
+
+
+def test_json_logs_carry_the_task_ids_on_every_task_line(tmp_path: Path, unique: str) -> None:
+    url = f"sqlite:///{tmp_path}/broker.db"
+    with from_url(url) as broker:
+        sent = Client(broker).enqueue(task_message("t.add", unique, 2, 3))
+    out = finish(start_worker(url, unique, "--log-format=json"))
+    docs = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert docs and all(set(d) >= {"at", "level", "logger", "message"} for d in docs)
+    [done] = [d for d in docs if "succeeded" in d["message"]]
+    assert (done["task"], done["message_id"], done["attempt"]) == ("t.add", sent.id, 1)
