@@ -1,0 +1,1407 @@
+"""RabbitMQ transport: durable quorum queues over pika's `BlockingConnection`.
+
+Topology (declared on first use; every queue is durable and `x-queue-type=quorum`):
+
+* `<queue>`: the work queue. `x-delivery-limit` (default 25, `?delivery_limit=`) sits above
+  the worker's own cap of 20 deliveries as a backstop: a message returned more often than
+  that is dead-lettered by RabbitMQ itself (`x-dead-letter-exchange` "" with routing key
+  `<queue>.dead`, strategy at-least-once so the move cannot lose it).
+* `<queue>.dead`: dead letters. `dead_letter()` publishes the message there with its reason,
+  time and delivery count in headers, then acks the original. `dead_letters()` browses with
+  `basic.get` and puts everything back with one `basic.nack(multiple, requeue)`: order and
+  message ids (the dead letter ids) stay, nothing is copied. `requeue_dead()` publishes each
+  back to `<queue>` without the count header (a fresh count) and acks the dead copy;
+  `purge_dead()` acks (deletes) the chosen ones.
+* `<queue>.delay.<k>`: the delay ladder, below. The suffixes `.dead` and `.delay.<k>` are
+  reserved.
+
+Each of these is a quorum queue, a Raft group of its own: RabbitMQ 3.10 reserves about three
+file handles per quorum queue, so give the server a generous open-files limit (its docs ask
+for 65536; at 1024 a few hundred queues exhaust it and new connections hang).
+
+Publishing waits for a publisher confirm (the message is in the quorum log) and is
+`mandatory`, so a message can never vanish unrouted. Messages are persistent.
+
+**Priorities** are not supported: quorum queues on RabbitMQ 3.10 have none, so
+`supports_priority = False` and `priority` is ignored (the conformance suite skips its test).
+
+**Delivery count.** Quorum queues count returns in `x-delivery-count`; a copy published by
+`retry_later` starts a new broker count, so the copy carries the deliveries so far in
+`x-conveyor-deliveries`. `delivery_count = x-conveyor-deliveries + x-delivery-count + 1`.
+
+**Delays without plugins** (the delayed-message plugin is not part of RabbitMQ). A per-message
+TTL only expires at the head of its queue, so one delay queue would hold a short delay behind
+a long one. Instead each queue gets a ladder of delay levels, as in NServiceBus's delayed
+delivery: level `k` is the quorum queue `<queue>.delay.<k>` whose per-queue TTL is
+`0.25 s * 2**k` (one TTL per queue, so it is FIFO and expires in order), for k = 0..24. A delay
+is rounded *up* to whole quarter seconds (never early) and written in binary into the routing
+key, one word per level, highest first, then a token naming the destination:
+`0.0.….1.1.0.<token>`. A topic exchange per level (`conveyor.delay.<k>`) routes a message
+whose bit k is 1 into `<queue>.delay.<k>` and one whose bit k is 0 on to the next exchange
+down (an exchange-to-exchange binding). When the level's TTL expires, the message is
+dead-lettered (at-least-once) to the exchange one level down with the same key; level 0 and a
+0 at exchange 0 lead into `<queue>`. A message therefore waits exactly the sum of the levels
+of its 1 bits, walking down until due. Everything is durable on the broker; no consumer ever
+holds a delayed message. Levels are declared when a delay first needs them, so a queue only
+gets the levels its delays use (jittered retry delays touch most levels up to their size:
+expect 10-20 level queues for a queue that retries with backoff). The longest delay is
+about 97 days (each level's TTL is kept under 2**32 ms); longer ones raise `BrokerError`.
+Per-queue levels cost queues but are what makes `delayed` exact per queue; a ladder shared
+by all queues (NServiceBus's) would need only 25 but could only count delays vhost-wide.
+
+**Depth.** `ready`, `delayed` and `dead` are live: passive `queue.declare` of `<queue>`, of
+each existing `<queue>.delay.<k>` and of `<queue>.dead` (message counts: exact, except for a
+message caught in the milliseconds of a hop between two levels). Deliveries RabbitMQ pushed
+into this object's prefetch buffer but nobody was handed yet count as ready. AMQP has no
+unacked count, so `in_flight` comes from two sources: when every consumer of the queue is
+this broker object (the passive declare gives the live consumer count; quorum queues count
+a consumer that still holds deliveries after a cancel, and each held `basic.get`), this
+object's own ledger is the exact, live answer; otherwise it is the management plugin's
+`messages_unacknowledged`, which RabbitMQ refreshes only every few seconds (about 5-10 s
+behind with default settings; a queue's first figure can take that long to appear, and
+`depth` waits for it) and never below this object's own count. The management API
+(`?management=http://…`, by default the AMQP host on port 15672 with the AMQP credentials)
+also lists the delay levels that exist (a listing is reused for a second). If it cannot be
+reached `depth` raises `BrokerError` rather than guess in-flight as 0: an autoscaler would
+then scale to zero under running tasks. Enable it with
+`rabbitmq-plugins enable rabbitmq_management`. `watch` polls passive declares only: a
+queue nobody consumes has nothing in flight.
+
+**First listed queue first.** One consumer per queue on one channel, each with `basic.qos`
+prefetch equal to the consumer's `prefetch`; deliveries land in a buffer per queue and
+`_claim` takes from the buffers in the listed order. Before it hands out a delivery from a
+later-listed queue it drains the socket, then checks each earlier-listed queue with a passive
+declare and takes a ready message from it with `basic.get`. So a single-queue consumer pays
+nothing, and a multi-queue one pays one round trip per earlier queue only when it serves a
+later one. A later-listed queue's buffer may hold up to `prefetch` messages while earlier
+queues keep the worker busy (RabbitMQ has no channel-wide prefetch on quorum queues).
+
+**Acks** are coalesced: every ack is a Raft command on a quorum queue, and acking a whole
+prefetch window with one `basic.ack(multiple=True)` drains several times faster than acking
+each message. Acks owed are sent when a window's worth is owed; when the window is full and
+the consumer is about to block (RabbitMQ sends nothing more until they arrive); after
+`ACK_DELAY` (5 ms) with nothing left to hand out; and before `extend_lease`, `depth` and
+`close`. A run of consecutive delivery tags goes as one multiple ack, the rest singly.
+`retry_later` and `dead_letter` send at once. An ack that never reached a broker that died
+just means a redelivery (at-least-once).
+
+**Draining.** After `pause()` the consumer cancels its consumers at its next broker call
+(a wait, an ack, a heartbeat) and hands back what it had buffered (nack, requeue; RabbitMQ
+counts that as a delivery), so other workers start those messages during the drain.
+
+**Consumer timeout.** RabbitMQ closes the channel of a delivery unacknowledged for longer than
+the consumer timeout, and the message is redelivered. The per-queue `x-consumer-timeout`
+argument (set here from `?consumer_timeout=`, seconds, default 3600) is honoured from RabbitMQ
+3.12; 3.10 and 3.11 accept and ignore it and apply the broker-wide `consumer_timeout` of
+rabbitmq.conf (30 minutes by default), so a WARNING names that limit when consuming from an
+older server. On 3.12+ change the value with a `consumer-timeout` policy: a different argument
+on an existing queue fails its declaration.
+
+**Connection loss.** Publishing and admin calls reconnect with exponential backoff and jitter
+(tenacity) for up to `?reconnect_timeout=` seconds (default 60) and then raise
+`BrokerConnectionError`; a consumer reconnects and re-subscribes from its consume loop, with
+backoff that carries across steps, for as long as it keeps consuming. Every failure is logged
+as a WARNING on logger `conveyor.broker.rabbitmq`. Deliveries held from a lost connection or
+channel can no longer be settled: `ack`/`retry_later`/`dead_letter`/`extend_lease` raise
+`LeaseLost`, and RabbitMQ redelivers them. `close()` closes the connection, which returns every
+unacknowledged delivery (redelivered with `x-delivery-count`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from urllib.error import HTTPError, URLError
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.request import Request, urlopen
+
+import pika
+import pika.exceptions as pex
+import tenacity
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+from pika.spec import Basic, BasicProperties
+
+from conveyor.broker import redact
+from conveyor.broker.base import (
+    DEFAULT_LEASE_SECONDS,
+    WATCH_POLL_SECONDS,
+    Broker,
+    DeadLetter,
+    Delivery,
+    Depth,
+)
+from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+
+LOG = logging.getLogger("conveyor.broker.rabbitmq")
+T = TypeVar("T")
+
+DELIVERIES_HEADER = "x-conveyor-deliveries"
+REASON_HEADER = "x-conveyor-reason"
+DEAD_AT_HEADER = "x-conveyor-dead-at"
+#: The delay ladder: level k waits DELAY_UNIT_MS * 2**k; the top level's TTL fits 2**32 ms.
+DELAY_UNIT_MS = 250
+DELAY_LEVELS = 25
+MAX_DELAY = ((1 << DELAY_LEVELS) - 1) * DELAY_UNIT_MS / 1000
+DEFAULT_DELIVERY_LIMIT = 25
+DEFAULT_CONSUMER_TIMEOUT = 3600.0
+DEFAULT_RECONNECT_TIMEOUT = 60.0
+#: The first RabbitMQ release that honours the per-queue x-consumer-timeout argument.
+PER_QUEUE_TIMEOUT_SINCE = (3, 12)
+#: Headers travel in one frame (128 KiB by default): longer reasons are cut.
+MAX_REASON_BYTES = 16 * 1024
+#: How long a management listing (delay levels, others' in-flight) is reused.
+LISTING_TTL = 1.0
+#: How long a consumer with owed acks and free prefetch waits for more deliveries before it
+#: sends the acks and blocks (acks are Raft commands on quorum queues: batches are cheaper).
+ACK_DELAY = 0.005
+#: The longest single block in pika's I/O loop: a wakeup() from a signal handler on the
+#: consuming thread only sets a flag (pika's thread-safe wake-up takes locks the interrupted
+#: thread may hold), so it is seen within this.
+WAIT_SLICE = 0.5
+#: How long depth waits for a new queue's first statistics from the management plugin.
+STATISTICS_WAIT = 20.0
+#: Queue names leave room for the reserved suffixes inside AMQP's 255-byte limit.
+MAX_QUEUE_NAME_BYTES = 200
+#: What to retry after reconnecting. Login and permission failures are not among them.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    pex.AMQPConnectionError, pex.ChannelWrongStateError)
+LOGIN_ERRORS: tuple[type[BaseException], ...] = (
+    pex.AuthenticationError, pex.ProbableAuthenticationError, pex.ProbableAccessDeniedError)
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A parsed `amqp://` URL: pika's parameters plus Conveyor's own query options."""
+
+    params: pika.URLParameters
+    where: str
+    management: str
+    management_user: str
+    management_password: str
+    delivery_limit: int
+    consumer_timeout: float
+    reconnect_timeout: float
+
+
+OPTIONS = ("management", "delivery_limit", "consumer_timeout", "reconnect_timeout")
+
+
+def parse_url(url: str) -> Settings:
+    """Split Conveyor's options off the URL (pika rejects unknown ones) and parse the rest."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in OPTIONS}
+    amqp_url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query
+                                                          if k not in OPTIONS])))
+    try:
+        params = pika.URLParameters(amqp_url)
+    except ValueError as exc:
+        raise ConfigError(f"RabbitMQ URL {redact(url)!r} is not valid: {exc}") from exc
+    creds = params.credentials
+    user = getattr(creds, "username", "guest")
+    password = getattr(creds, "password", "guest")
+    management, m_user, m_password = management_url(ours.get("management"), parts.scheme,
+                                                    params.host, user, password)
+    return Settings(
+        params=params, where=redact(url.split("?", 1)[0]), management=management,
+        management_user=m_user, management_password=m_password,
+        delivery_limit=int(_number(ours, "delivery_limit", DEFAULT_DELIVERY_LIMIT, url)),
+        consumer_timeout=_number(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT, url),
+        reconnect_timeout=_number(ours, "reconnect_timeout", DEFAULT_RECONNECT_TIMEOUT, url))
+
+
+def _number(options: dict[str, str], key: str, default: float, url: str) -> float:
+    """A positive number option, or a ConfigError that names it."""
+    raw = options.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"RabbitMQ URL {redact(url)!r}: {key}={raw!r} must be a positive "
+                          "number")
+    return value
+
+
+def management_url(given: str | None, scheme: str, host: str, user: str,
+                   password: str) -> tuple[str, str, str]:
+    """(base URL without credentials, user, password) of the management HTTP API."""
+    if not given:
+        secure = scheme.lower() == "amqps"
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if secure else 'http'}://{host}:{15671 if secure else 15672}", \
+            user, password
+    parts = urlsplit(given)
+    netloc = parts.hostname or "localhost"
+    netloc = f"[{netloc}]" if ":" in netloc else netloc
+    if parts.port:
+        netloc += f":{parts.port}"
+    base = urlunsplit((parts.scheme or "http", netloc, parts.path.rstrip("/"), "", ""))
+    return base, parts.username or user, parts.password or password
+
+
+# -- names, arguments, the delay ladder ----------------------------------------------------
+
+
+def dead_queue(queue: str) -> str:
+    return f"{queue}.dead"
+
+
+def level_queue(queue: str, level: int) -> str:
+    return f"{queue}.delay.{level}"
+
+
+def level_exchange(level: int) -> str:
+    return f"conveyor.delay.{level}"
+
+
+def destination_token(queue: str) -> str:
+    """One routing-key word naming `queue`: a hash, so dots or `*`/`#` in names are harmless."""
+    return hashlib.blake2b(queue.encode(), digest_size=10).hexdigest()
+
+
+def delay_units(delay: float) -> int:
+    """`delay` seconds in ladder units, rounded up so a message is never early."""
+    if delay <= 0:
+        return 0
+    if delay > MAX_DELAY:
+        raise BrokerError(f"a delay of {delay:.0f} s is longer than RabbitMQ's delay ladder "
+                          f"allows ({MAX_DELAY:.0f} s, about 97 days): schedule it instead")
+    return max(1, math.ceil(delay * 1000 / DELAY_UNIT_MS))
+
+
+def delay_key(units: int, queue: str) -> str:
+    """The routing key: one word per level, highest first, then the destination token."""
+    return ".".join(format(units, f"0{DELAY_LEVELS}b")) + "." + destination_token(queue)
+
+
+def level_pattern(level: int, bit: str, tail: str) -> str:
+    """Binding key matching bit `level` == `bit`, any other bits, then `tail`."""
+    words = ["*"] * DELAY_LEVELS
+    words[DELAY_LEVELS - 1 - level] = bit
+    return ".".join([*words, tail])
+
+
+def set_levels(units: int) -> list[int]:
+    return [k for k in range(units.bit_length()) if units >> k & 1]
+
+
+def queue_arguments(queue: str, delivery_limit: int, consumer_timeout: float) -> dict[str, Any]:
+    return {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit,
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead_queue(queue),
+            "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+            "x-consumer-timeout": int(consumer_timeout * 1000)}
+
+
+def dead_arguments() -> dict[str, Any]:
+    # Browsing returns dead letters with a nack, which counts as a delivery: RabbitMQ 4 caps
+    # quorum queues at 20 by default, so lift the cap explicitly (harmless on 3.x).
+    return {"x-queue-type": "quorum", "x-delivery-limit": 2**31 - 1}
+
+
+def level_arguments(queue: str, level: int) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "x-queue-type": "quorum", "x-message-ttl": DELAY_UNIT_MS << level,
+        "x-dead-letter-exchange": level_exchange(level - 1) if level else "",
+        "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+    if level == 0:
+        args["x-dead-letter-routing-key"] = queue
+    return args
+
+
+def validate_queue_name(queue: str) -> None:
+    size = len(queue.encode())
+    if not queue or size > MAX_QUEUE_NAME_BYTES or queue.startswith("amq."):
+        raise BrokerError(f"queue name {queue!r} cannot be used on RabbitMQ: it must be 1 to "
+                          f"{MAX_QUEUE_NAME_BYTES} bytes and not start with 'amq.'")
+
+
+# -- headers --------------------------------------------------------------------------------
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def delivery_count(headers: dict[str, Any]) -> int:
+    """Deliveries carried by earlier copies + RabbitMQ's returns of this copy + this one."""
+    return _int(headers.get(DELIVERIES_HEADER)) + _int(headers.get("x-delivery-count")) + 1
+
+
+def clip_reason(reason: str) -> str:
+    data = reason.encode()
+    if len(data) <= MAX_REASON_BYTES:
+        return reason
+    return data[:MAX_REASON_BYTES].decode("utf-8", "ignore") + " …(truncated)"
+
+
+def properties(message_id: str | None, headers: dict[str, Any] | None) -> BasicProperties:
+    return BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
+                           message_id=message_id or uuid.uuid4().hex, headers=headers or None)
+
+
+def parse_version(raw: Any) -> tuple[int, ...]:
+    numbers = re.findall(r"\d+", _text(raw))[:3]
+    return tuple(int(n) for n in numbers)
+
+
+# -- the management API ---------------------------------------------------------------------
+
+
+class ManagementAPI:
+    """The one management-plugin call depth needs: a queue family's names and unacked counts.
+
+    Only the management plugin knows how many deliveries other connections hold; AMQP does
+    not say. Stdlib urllib keeps the transport free of an HTTP client dependency.
+    """
+
+    def __init__(self, base: str, user: str, password: str, vhost: str,
+                 timeout: float = 5.0) -> None:
+        self.base = base
+        self.user = user
+        self.vhost = vhost
+        self.timeout = timeout
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._auth = f"Basic {token}"
+
+    def queue_family(self, queue: str) -> dict[str, dict[str, Any]]:
+        """`queue`, its dead queue and its delay levels that exist: name -> statistics."""
+        pattern = f"^{re.escape(queue)}(\\.dead|\\.delay\\.[0-9]+)?$"
+        # The name filter only applies to a paginated listing; a family has < 30 queues.
+        query = urlencode({"name": pattern, "use_regex": "true", "page": 1, "page_size": 500,
+                           "columns": "name,messages_unacknowledged"})
+        page = self._get(f"/api/queues/{quote(self.vhost, safe='')}?{query}", queue)
+        rows = page.get("items", []) if isinstance(page, dict) else page
+        family = re.compile(pattern)  # and filter here too, whatever the server did
+        return {row["name"]: row for row in rows
+                if isinstance(row, dict) and family.match(str(row.get("name", "")))}
+
+    def _get(self, path: str, queue: str) -> Any:
+        request = Request(self.base + path, headers={"Authorization": self._auth})
+        try:
+            with urlopen(request, timeout=self.timeout) as response:
+                return json.load(response)
+        except HTTPError as exc:
+            exc.close()
+            raise BrokerError(self._http_problem(exc.code, queue)) from exc
+        except (URLError, OSError, ValueError) as exc:
+            raise BrokerError(
+                f"cannot count in-flight messages of queue {queue!r}: the RabbitMQ management "
+                f"API at {self.base} is unreachable ({exc}). RabbitMQ reports unacknowledged "
+                "deliveries only through its management plugin: enable it with "
+                "`rabbitmq-plugins enable rabbitmq_management`, or point the broker URL's "
+                "?management=http://host:15672 at it") from exc
+
+    def _http_problem(self, status: int, queue: str) -> str:
+        if status in (401, 403):
+            return (f"the RabbitMQ management API at {self.base} refused user {self.user!r} "
+                    f"(HTTP {status}) while measuring queue {queue!r}: give the user the "
+                    f"'monitoring' tag (rabbitmqctl set_user_tags {self.user} monitoring) and "
+                    f"access to vhost {self.vhost!r}")
+        return (f"the RabbitMQ management API at {self.base} answered HTTP {status} while "
+                f"measuring queue {queue!r} in vhost {self.vhost!r}")
+
+
+# -- consumer bookkeeping -------------------------------------------------------------------
+
+
+@dataclass
+class Receipt:
+    """What settling a delivery needs: its channel generation, tag and consumer identity."""
+
+    epoch: int
+    tag: int
+    consumer: str
+    message_id: str | None
+    done: bool = False
+
+
+class AckLedger:
+    """The delivery tags of one channel that RabbitMQ still counts as unacknowledged.
+
+    `owed` tags are settled here but their ack is not sent yet. `flush` sends a run of
+    consecutive resolved tags just above `floor` as one `basic.ack(multiple=True)` and the
+    rest one by one. Tags are consecutive per channel (every deliver and get-ok takes the
+    next), so a tag this ledger has not seen stops the run: it may be a delivery pika has not
+    dispatched yet, which multiple=True would ack unprocessed. The exception is a tag below the
+    highest consumer delivery dispatched: pika dispatches in tag order, so such a tag was
+    rejected by pika itself when a consumer was cancelled.
+    """
+
+    def __init__(self) -> None:
+        self.floor = 0
+        self.unacked: dict[int, tuple[str, str]] = {}  # tag -> (queue, consumer identity)
+        self.owed: set[int] = set()
+        self.resolved: set[int] = set()
+        self.dispatched = 0
+
+    def add(self, tag: int, queue: str, consumer: str, pushed: bool) -> None:
+        self.unacked[tag] = (queue, consumer)
+        if pushed:
+            self.dispatched = max(self.dispatched, tag)
+
+    def settle(self, tag: int) -> None:
+        if tag in self.unacked:
+            self.owed.add(tag)
+
+    def drop(self, tag: int) -> None:
+        """The tag was nacked: it no longer counts, and a run may pass over it."""
+        self.unacked.pop(tag, None)
+        self.owed.discard(tag)
+        self.resolved.add(tag)
+
+    def _passable(self, tag: int) -> bool:
+        if tag in self.owed or tag in self.resolved:
+            return True
+        return tag not in self.unacked and tag < self.dispatched
+
+    def flush(self, send: Callable[[int, bool], None]) -> None:
+        """Send every owed ack: the run above `floor` as one, the others singly."""
+        if not self.owed:
+            return
+        tag = self.floor + 1
+        run: list[int] = []
+        while self._passable(tag):
+            if tag in self.owed:
+                run.append(tag)
+            tag += 1
+        if run:
+            send(run[-1], len(run) > 1)
+        for done in range(self.floor + 1, tag):
+            self.unacked.pop(done, None)
+            self.owed.discard(done)
+            self.resolved.discard(done)
+        self.floor = max(self.floor, tag - 1)
+        for single in sorted(self.owed):
+            send(single, False)
+            self.unacked.pop(single, None)
+            self.resolved.add(single)
+        self.owed.clear()
+
+    def in_flight(self, queue: str) -> int:
+        return sum(1 for q, _ in self.unacked.values() if q == queue)
+
+    def consumers(self, queue: str) -> set[str]:
+        return {c for q, c in self.unacked.values() if q == queue}
+
+
+@dataclass
+class Subscription:
+    """One consuming channel: its consumers, what they delivered, and the acks owed."""
+
+    channel: BlockingChannel
+    epoch: int
+    queues: list[str] = field(default_factory=list)
+    prefetch: int = 1
+    tags: dict[str, str] = field(default_factory=dict)  # queue -> consumer tag
+    buffers: dict[str, deque[Delivery]] = field(default_factory=dict)
+    ledger: AckLedger = field(default_factory=AckLedger)
+    lost: bool = False
+    cancelled: bool = False
+
+    @property
+    def credit_left(self) -> bool:
+        """Whether RabbitMQ may still push: owed acks count against prefetch until sent."""
+        return len(self.ledger.unacked) < self.prefetch
+
+    def own_consumers(self, queue: str) -> int:
+        """How many of the queue's consumers RabbitMQ would count for this channel."""
+        ids = self.ledger.consumers(queue)
+        if queue in self.tags:
+            ids.add(self.tags[queue])
+        return len(ids)
+
+
+def backoff_strategy(initial: float = 0.2, maximum: float = 10.0) -> Any:
+    """Exponential from `initial` up to `maximum` seconds, plus up to half a second of jitter
+    so that many workers do not reconnect in step."""
+    return (tenacity.wait_exponential(multiplier=initial, max=maximum)
+            + tenacity.wait_random(0, 0.5))
+
+
+class Backoff:
+    """Exponential backoff with jitter (tenacity's strategy) that lasts across consume steps."""
+
+    def __init__(self, initial: float = 0.2, maximum: float = 10.0) -> None:
+        self._strategy = backoff_strategy(initial, maximum)
+        self._attempts = 0
+        self._next = 0.0
+
+    def pause(self) -> float:
+        """Seconds until the next attempt may start."""
+        return max(0.0, self._next - time.monotonic())
+
+    def failed(self) -> float:
+        """Record a failed attempt; return the pause before the next one."""
+        self._attempts += 1
+        state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        state.attempt_number = self._attempts
+        delay = float(self._strategy(state))
+        self._next = time.monotonic() + delay
+        return delay
+
+    def reset(self) -> None:
+        self._attempts = 0
+        self._next = 0.0
+
+
+def _noop() -> None:
+    """A callback whose only job is to make `process_data_events` return."""
+
+
+# -- the transport --------------------------------------------------------------------------
+
+
+class RabbitMQBroker(Broker):
+    """Quorum queues on RabbitMQ; see the module docstring for the design."""
+
+    supports_priority = False
+    weaker_guarantees = (
+        "RabbitMQ: no priorities on quorum queues; a delivery held longer than the broker's "
+        "consumer timeout is redelivered; other consumers' in-flight counts lag by ~5-10 s")
+
+    def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+        super().__init__(lease_seconds)
+        self.settings = parse_url(url)
+        self.connection_name = (f"conveyor {socket.gethostname()} pid {os.getpid()} "
+                                f"{uuid.uuid4().hex[:8]}")
+        self.settings.params.client_properties = {"connection_name": self.connection_name}
+        self.server_version: tuple[int, ...] = ()
+        self._mgmt = ManagementAPI(self.settings.management, self.settings.management_user,
+                                   self.settings.management_password,
+                                   self.settings.params.virtual_host)
+        self._conn: BlockingConnection | None = None
+        self._channels: dict[str, BlockingChannel] = {}
+        self._declared: set[str] = set()
+        self._levels: dict[str, set[int]] = {}  # levels this object declared, per queue
+        self._listings: dict[str, tuple[float, dict[str, dict[str, Any]]]] = {}
+        self._sub: Subscription | None = None
+        self._want: tuple[list[str], int] | None = None  # what to re-subscribe to
+        self._epoch = 0
+        self._backoff = Backoff()
+        self._warned_timeout = False
+        self._owner = 0  # the consuming thread
+        self._call("connecting", self._connection)
+
+    # -- connection and channels -------------------------------------------------------------
+
+    def _connection(self) -> BlockingConnection:
+        """The open connection, opening one if needed (a failure raises CONNECTION_ERRORS)."""
+        if self._conn is not None and self._conn.is_open:
+            return self._conn
+        self._drop_connection()
+        try:
+            conn = pika.BlockingConnection(self.settings.params)
+        except LOGIN_ERRORS as exc:
+            raise BrokerError(f"RabbitMQ at {self.settings.where} refused the login ({exc!r}): "
+                              "check the user, password and vhost in the broker URL") from exc
+        self._conn = conn
+        server = getattr(getattr(conn, "_impl", None), "server_properties", None) or {}
+        self.server_version = parse_version(server.get("version"))
+        return conn
+
+    def _channel(self, kind: str) -> BlockingChannel:
+        """A long-lived channel per purpose: `publish` (confirms) or `admin` (declares)."""
+        channel = self._channels.get(kind)
+        if channel is None or not channel.is_open:
+            channel = self._connection().channel()
+            if kind == "publish":
+                channel.confirm_delivery()
+            self._channels[kind] = channel
+        return channel
+
+    def _drop_connection(self) -> None:
+        """Forget the connection (closing it if it is still open); the subscription is lost."""
+        conn, self._conn = self._conn, None
+        self._channels.clear()
+        if self._sub is not None:
+            self._sub.lost = True
+        if conn is not None and conn.is_open:
+            try:
+                conn.close()
+            except (pex.AMQPError, OSError) as exc:
+                LOG.debug("closing a broken RabbitMQ connection: %r", exc)
+
+    def _lose_connection(self, what: str, exc: BaseException) -> None:
+        LOG.warning("%s failed: the connection to RabbitMQ at %s was lost (%r); reconnecting "
+                    "and retrying", what, self.settings.where, exc)
+        self._drop_connection()
+
+    def _call(self, what: str, op: Callable[[], T]) -> T:
+        """Run `op`; if the connection is lost, reconnect with backoff and run it again."""
+        try:
+            return self._attempt(op)
+        except CONNECTION_ERRORS as exc:
+            self._lose_connection(what, exc)
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_delay(self.settings.reconnect_timeout),
+            wait=backoff_strategy(),
+            retry=tenacity.retry_if_exception_type(CONNECTION_ERRORS),
+            before_sleep=self._log_retry(what), reraise=True)
+        try:
+            return retrying(self._attempt, op)
+        except CONNECTION_ERRORS as exc:
+            raise BrokerConnectionError(
+                f"{what}: RabbitMQ at {self.settings.where} stayed unreachable for "
+                f"{self.settings.reconnect_timeout:.0f} s ({exc!r}); check that it is running "
+                "and reachable") from exc
+
+    def _attempt(self, op: Callable[[], T]) -> T:
+        try:
+            self._connection()
+            return op()
+        except CONNECTION_ERRORS:
+            self._drop_connection()
+            raise
+
+    def _log_retry(self, what: str) -> Callable[[tenacity.RetryCallState], None]:
+        def log(state: tenacity.RetryCallState) -> None:
+            pause = state.next_action.sleep if state.next_action else 0.0
+            error = state.outcome.exception() if state.outcome else None
+            LOG.warning("%s: RabbitMQ at %s is unreachable (%r); retrying in %.1f s "
+                        "(attempt %d)", what, self.settings.where, error, pause,
+                        state.attempt_number)
+        return log
+
+    # -- declarations --------------------------------------------------------------------------
+
+    def _declare_queue(self, name: str, arguments: dict[str, Any]) -> None:
+        try:
+            self._channel("admin").queue_declare(name, durable=True, arguments=arguments)
+        except pex.ChannelClosedByBroker as exc:
+            raise BrokerError(
+                f"RabbitMQ refused to declare queue {name!r}: {exc.reply_text}. Conveyor "
+                f"declares it durable with {arguments}; if it already exists with other "
+                "arguments (a classic queue, another delivery limit), drain and delete it or "
+                "change the setting back") from exc
+
+    def _ensure_queue(self, queue: str) -> None:
+        """Declare `queue` and its dead-letter queue once per broker object."""
+        if queue in self._declared:
+            return
+        validate_queue_name(queue)
+        self._declare_queue(dead_queue(queue), dead_arguments())
+        self._declare_queue(queue, queue_arguments(queue, self.settings.delivery_limit,
+                                                   self.settings.consumer_timeout))
+        self._declared.add(queue)
+
+    def _ensure_exchange(self, level: int) -> None:
+        """Level `level`'s topic exchange, bound to the one below for a 0 bit."""
+        key = f"exchange {level}"
+        if key in self._declared:
+            return
+        admin = self._channel("admin")
+        admin.exchange_declare(level_exchange(level), exchange_type="topic", durable=True)
+        if level:
+            self._ensure_exchange(level - 1)
+            admin.exchange_bind(destination=level_exchange(level - 1),
+                                source=level_exchange(level),
+                                routing_key=level_pattern(level, "0", "*"))
+        self._declared.add(key)
+
+    def _ensure_level(self, queue: str, level: int) -> None:
+        key = f"level {level} {queue}"
+        if key in self._declared:
+            return
+        name = level_queue(queue, level)
+        self._declare_queue(name, level_arguments(queue, level))
+        self._channel("admin").queue_bind(name, level_exchange(level), routing_key=level_pattern(
+            level, "1", destination_token(queue)))
+        self._levels.setdefault(queue, set()).add(level)
+        self._declared.add(key)
+
+    def _ensure_ladder(self, queue: str, units: int) -> tuple[str, str]:
+        """Declare what a delay of `units` walks through; return (exchange, routing key)."""
+        self._ensure_queue(queue)
+        top = units.bit_length() - 1
+        self._ensure_exchange(top)
+        arrival = f"arrival {queue}"
+        if arrival not in self._declared:
+            self._channel("admin").queue_bind(queue, level_exchange(0), routing_key=level_pattern(
+                0, "0", destination_token(queue)))
+            self._declared.add(arrival)
+        for level in set_levels(units):
+            self._ensure_level(queue, level)
+        return level_exchange(top), delay_key(units, queue)
+
+    def _forget(self, queue: str) -> None:
+        """Declarations of `queue` (and the shared ladder exchanges) may be stale, e.g.
+        deleted by an operator: declare them again next time."""
+        self._declared = {k for k in self._declared if k != queue
+                          and not k.endswith(f" {queue}") and not k.startswith("exchange ")}
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    def publish(self, queue: str, body: bytes, *, priority: int = 0,
+                delay: float = 0.0) -> None:
+        """Publish persistently and wait for the confirm. `priority` is ignored (quorum).
+
+        A publish whose connection is lost is retried on a new one: if RabbitMQ had stored it
+        before the confirm was lost, it is stored twice (at-least-once, like redelivery).
+        """
+        units = delay_units(delay)
+        props = properties(None, None)
+        self._call(f"publishing to queue {queue!r}",
+                   lambda: self._publish(queue, body, props, units))
+
+    def _publish(self, queue: str, body: bytes, props: BasicProperties, units: int,
+                 dead: bool = False) -> None:
+        """One confirmed, mandatory publish; re-declares once if the queue vanished."""
+        for attempt in (1, 2):
+            exchange, key = self._route(queue, units, dead)
+            try:
+                self._channel("publish").basic_publish(exchange, key, body, props,
+                                                       mandatory=True)
+                return
+            except pex.UnroutableError as exc:
+                self._forget(queue)
+                if attempt == 2:
+                    raise BrokerError(f"RabbitMQ could not route a message to queue {queue!r} "
+                                      "even after declaring it again") from exc
+            except pex.NackError as exc:
+                raise BrokerError(f"RabbitMQ refused to store a message for queue {queue!r} "
+                                  "(basic.nack): the queue may be full or the node out of "
+                                  "disk or memory; see the RabbitMQ log") from exc
+
+    def _route(self, queue: str, units: int, dead: bool) -> tuple[str, str]:
+        """(exchange, routing key) for `queue`, its delay ladder or its dead letters."""
+        if units:
+            return self._ensure_ladder(queue, units)
+        self._ensure_queue(queue)
+        return "", dead_queue(queue) if dead else queue
+
+    def _republish(self, delivery: Delivery, body: bytes, delay: float,
+                   headers: dict[str, Any], dead: bool = False) -> None:
+        """Publish a copy of a held delivery; a lost connection means LeaseLost, no copy."""
+        props = properties(delivery.receipt.message_id, headers)
+        units = delay_units(delay)
+        try:
+            self._attempt(lambda: self._publish(delivery.queue, body, props, units, dead))
+        except CONNECTION_ERRORS as exc:
+            self._lose_connection(f"re-publishing a delivery of queue {delivery.queue!r}", exc)
+            raise LeaseLost(f"the connection to RabbitMQ was lost before the message of queue "
+                            f"{delivery.queue!r} could be re-published: RabbitMQ will redeliver "
+                            "the original") from exc
+
+    # -- consuming -----------------------------------------------------------------------------
+
+    def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
+        wanted = list(queues)
+        self._owner = threading.get_ident()
+        self._warn_consumer_timeout()
+        sub = self._sub
+        if sub is not None and not sub.lost and (sub.queues, sub.prefetch) == (wanted, prefetch):
+            return
+        self._want = (wanted, prefetch)
+        try:
+            self._attempt(lambda: self._subscribe(wanted, prefetch))
+        except CONNECTION_ERRORS as exc:
+            self._lose_connection(f"subscribing to {wanted}", exc)  # _wait will retry
+
+    def _warn_consumer_timeout(self) -> None:
+        if self._warned_timeout or not self.server_version:
+            return
+        self._warned_timeout = True
+        if self.server_version < PER_QUEUE_TIMEOUT_SINCE:
+            LOG.warning(
+                "RabbitMQ %s ignores the per-queue consumer timeout (x-consumer-timeout=%.0f s "
+                "is honoured from 3.12): the broker-wide consumer_timeout of rabbitmq.conf "
+                "applies (30 minutes unless set): a delivery held longer is taken back and "
+                "redelivered. Raise consumer_timeout above your longest task time limit.",
+                ".".join(map(str, self.server_version)), self.settings.consumer_timeout)
+
+    def _subscribe(self, queues: list[str], prefetch: int) -> None:
+        """Consume `queues` in listed order with `prefetch` each, re-using a live channel."""
+        for queue in queues:
+            self._ensure_queue(queue)
+        sub = self._sub
+        if sub is None or sub.lost or not sub.channel.is_open:
+            sub = self._new_subscription()
+        else:
+            self._unsubscribe(sub)
+        sub.channel.basic_qos(prefetch_count=prefetch)
+        sub.queues, sub.prefetch, sub.cancelled = list(queues), prefetch, False
+        for queue in queues:
+            sub.buffers.setdefault(queue, deque())
+            sub.tags[queue] = sub.channel.basic_consume(queue, self._receiver(sub, queue))
+
+    def _new_subscription(self) -> Subscription:
+        self._epoch += 1
+        channel = self._connection().channel()
+        sub = Subscription(channel=channel, epoch=self._epoch)
+        channel.add_on_cancel_callback(lambda frame: setattr(sub, "cancelled", True))
+        self._sub = sub
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        """Cancel the consumers; buffered deliveries nobody took go back (nack, requeue)."""
+        self._flush(sub)
+        for tag in sub.tags.values():
+            sub.channel.basic_cancel(tag)
+        sub.tags.clear()
+        for buffer in sub.buffers.values():
+            while buffer:
+                tag = buffer.popleft().receipt.tag
+                sub.channel.basic_nack(tag, requeue=True)
+                sub.ledger.drop(tag)
+        sub.buffers.clear()
+
+    def _receiver(self, sub: Subscription,
+                  queue: str) -> Callable[[BlockingChannel, Basic.Deliver, BasicProperties,
+                                           bytes], None]:
+        def receive(channel: BlockingChannel, method: Basic.Deliver, props: BasicProperties,
+                    body: bytes) -> None:
+            delivery = self._delivery(sub, queue, method.consumer_tag, method, props, body,
+                                      pushed=True)
+            sub.buffers.setdefault(queue, deque()).append(delivery)
+        return receive
+
+    def _delivery(self, sub: Subscription, queue: str, consumer: str,
+                  method: Basic.Deliver | Basic.GetOk, props: BasicProperties, body: bytes,
+                  pushed: bool) -> Delivery:
+        tag = method.delivery_tag
+        sub.ledger.add(tag, queue, consumer, pushed)
+        receipt = Receipt(epoch=sub.epoch, tag=tag, consumer=consumer,
+                          message_id=props.message_id)
+        return Delivery(queue=queue, body=body, delivery_count=delivery_count(
+            props.headers or {}), receipt=receipt)
+
+    def _live(self) -> Subscription | None:
+        """The subscription if it can still deliver; notices a channel RabbitMQ closed."""
+        sub = self._sub
+        if sub is None or sub.lost:
+            return None
+        if self._conn is None or not self._conn.is_open or not sub.channel.is_open:
+            reason = getattr(sub.channel, "_closing_reason", None)
+            LOG.warning("consuming from %s failed: RabbitMQ closed the consuming channel or "
+                        "connection (%r; a delivery held past the consumer timeout does "
+                        "this); its deliveries will be redelivered; re-subscribing",
+                        sub.queues, reason)
+            sub.lost = True
+            return None
+        if sub.cancelled:
+            LOG.warning("RabbitMQ cancelled the consumer of %s (queue deleted?); "
+                        "re-subscribing", sub.queues)
+            self._subscribe(sub.queues, sub.prefetch)
+        return sub
+
+    def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        """Hand out one buffered delivery, first listed queue first."""
+        try:
+            sub = self._live()
+            if sub is None:
+                return []
+            delivery = self._take(sub, queues)
+            if delivery is None:
+                self._pump()
+                delivery = self._take(sub, queues)
+        except CONNECTION_ERRORS as exc:
+            self._lose_connection("claiming a delivery", exc)
+            return []
+        return [] if delivery is None else [delivery]
+
+    def _pump(self) -> None:
+        """Read whatever RabbitMQ has sent, without waiting."""
+        self._io(0)
+
+    def _io(self, seconds: float) -> None:
+        """Run pika's I/O loop on the current connection (never a new one: a connection that
+        was lost must be noticed, and re-subscribed, not silently replaced)."""
+        if self._conn is None:
+            raise pex.ConnectionWrongStateError("the connection to RabbitMQ was lost")
+        self._conn.process_data_events(time_limit=seconds)
+
+    def _take(self, sub: Subscription, queues: Sequence[str]) -> Delivery | None:
+        for index, queue in enumerate(queues):
+            buffer = sub.buffers.get(queue)
+            if buffer:
+                earlier = self._take_earlier(sub, queues[:index]) if index else None
+                return earlier or buffer.popleft()
+        return None
+
+    def _take_earlier(self, sub: Subscription, earlier: Sequence[str]) -> Delivery | None:
+        """Before serving a later-listed queue, take work an earlier-listed one has."""
+        self._pump()
+        for queue in earlier:
+            if sub.buffers.get(queue):
+                return sub.buffers[queue].popleft()
+        for queue in earlier:
+            counts = self._passive(queue)
+            if counts is None or counts[0] == 0:
+                continue
+            method, props, body = sub.channel.basic_get(queue)
+            if method is not None and props is not None and body is not None:
+                return self._delivery(sub, queue, f"get {method.delivery_tag}", method, props,
+                                      body, pushed=False)
+        return None
+
+    def _wait(self, queues: Sequence[str], timeout: float) -> None:
+        """Block in pika's I/O loop until a delivery, a wake-up or `timeout`."""
+        deadline = time.monotonic() + timeout
+        try:
+            sub = self._live()
+            if sub is None:
+                if not self._paused:
+                    self._recover(timeout)
+                else:
+                    self._interrupted.wait(timeout)
+                return
+            self._stop_if_paused(sub)
+            if sub.ledger.owed and not self._settle_owed(sub, timeout):
+                return
+            self._io(max(0.0, min(deadline - time.monotonic(), WAIT_SLICE)))
+        except CONNECTION_ERRORS as exc:
+            self._lose_connection(f"waiting for deliveries from {list(queues)}", exc)
+
+    def _settle_owed(self, sub: Subscription, timeout: float) -> bool:
+        """Send owed acks before blocking; True if the caller should go on and block.
+
+        Every ack is a Raft command on a quorum queue, so acks of a whole window are sent
+        as one. If the window is full RabbitMQ sends nothing until they arrive: send them
+        now. Otherwise deliveries may be on their way: give them ACK_DELAY to arrive (and
+        return, so they are handed out) before paying for the ack.
+        """
+        if sub.credit_left:
+            self._io(min(timeout, ACK_DELAY))
+            if any(sub.buffers.values()):
+                return False
+        self._flush(sub)
+        return True
+
+    def _stop_if_paused(self, sub: Subscription) -> None:
+        """A paused (draining) consumer cancels its consumers and hands back what it buffered,
+        so other workers run those messages now instead of after the drain."""
+        if self._paused and sub.tags:
+            self._unsubscribe(sub)
+            sub.queues = []  # a later consume() subscribes afresh
+
+    def _recover(self, budget: float) -> None:
+        """Reconnect and re-subscribe, within `budget` seconds or until `wakeup()`."""
+        deadline = time.monotonic() + budget
+        if self._want is None:  # closed, or never subscribed: nothing to restore
+            self._interrupted.wait(budget)
+            return
+        while not self._interrupted.is_set():
+            pause = self._backoff.pause()
+            if pause > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._interrupted.wait(min(pause, left))
+                continue
+            if self._resubscribe():
+                return
+
+    def _resubscribe(self) -> bool:
+        assert self._want is not None
+        queues, prefetch = self._want
+        try:
+            self._attempt(lambda: self._subscribe(queues, prefetch))
+        except CONNECTION_ERRORS as exc:
+            pause = self._backoff.failed()
+            LOG.warning("re-subscribing to %s on RabbitMQ at %s failed (%r); retrying in "
+                        "%.1f s", queues, self.settings.where, exc, pause)
+            return False
+        self._backoff.reset()
+        LOG.warning("reconnected to RabbitMQ at %s and re-subscribed to %s; deliveries held "
+                    "from the lost connection raise LeaseLost and will be redelivered",
+                    self.settings.where, queues)
+        return True
+
+    def _interrupt_wait(self) -> None:
+        """Wake pika's I/O loop from another thread. On the consuming thread itself (a signal
+        handler) the interrupt flag, checked every WAIT_SLICE, is all that is safe."""
+        conn = self._conn
+        if conn is None or threading.get_ident() == self._owner:
+            return
+        try:
+            conn.add_callback_threadsafe(_noop)
+        except (pex.AMQPError, OSError, RuntimeError):
+            pass  # closed or closing: the consume loop sees the interrupt flag anyway
+
+    # -- settling ------------------------------------------------------------------------------
+
+    def _owned(self, delivery: Delivery, what: str) -> Subscription:
+        """The live subscription that holds `delivery`, or LeaseLost."""
+        receipt = delivery.receipt
+        if not isinstance(receipt, Receipt):
+            raise BrokerError(f"{what}: this delivery did not come from this RabbitMQ broker")
+        if receipt.done:
+            raise LeaseLost(f"{what} of a message of queue {delivery.queue!r}: it was already "
+                            "settled")
+        sub = self._sub
+        if sub is None or sub.lost or sub.epoch != receipt.epoch or not sub.channel.is_open:
+            self._release(receipt)
+            raise LeaseLost(f"{what} of a message of queue {delivery.queue!r}: the connection "
+                            "or channel it came on was lost, so RabbitMQ will redeliver it; "
+                            "its outcome was not recorded")
+        return sub
+
+    def _release(self, receipt: Receipt) -> None:
+        receipt.done = True
+        self._settled()
+
+    def _finish(self, sub: Subscription, delivery: Delivery, flush: bool) -> None:
+        """Settle a held delivery: owe its ack, and send owed acks when enough are due."""
+        self._release(delivery.receipt)
+        sub.ledger.settle(delivery.receipt.tag)
+        if flush or len(sub.ledger.owed) >= sub.prefetch or self._paused:
+            try:
+                self._flush(sub)
+            except CONNECTION_ERRORS as exc:
+                self._lose_connection("acknowledging deliveries", exc)
+                raise LeaseLost(f"the ack of a message of queue {delivery.queue!r} did not "
+                                "reach RabbitMQ (connection lost): it will be redelivered"
+                                ) from exc
+            try:
+                self._stop_if_paused(sub)
+            except CONNECTION_ERRORS as exc:
+                self._lose_connection("handing back buffered deliveries", exc)
+
+    def _flush(self, sub: Subscription) -> None:
+        if sub.ledger.owed and sub.channel.is_open:
+            sub.ledger.flush(lambda tag, multiple: sub.channel.basic_ack(tag, multiple=multiple))
+
+    def ack(self, delivery: Delivery) -> None:
+        sub = self._owned(delivery, "ack")
+        self._finish(sub, delivery, flush=False)
+
+    def retry_later(self, delivery: Delivery, delay: float = 0.0,
+                    body: bytes | None = None) -> None:
+        """Publish a copy that carries the delivery count (via the ladder), then ack."""
+        sub = self._owned(delivery, "retry_later")
+        self._republish(delivery, delivery.body if body is None else body, delay,
+                        {DELIVERIES_HEADER: delivery.delivery_count})
+        self._finish(sub, delivery, flush=True)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Publish to `<queue>.dead` with reason, time and count in headers, then ack."""
+        sub = self._owned(delivery, "dead_letter")
+        headers = {REASON_HEADER: clip_reason(reason), DEAD_AT_HEADER: f"{time.time():.6f}",
+                   DELIVERIES_HEADER: delivery.delivery_count}
+        self._republish(delivery, delivery.body, 0.0, headers, dead=True)
+        self._finish(sub, delivery, flush=True)
+
+    def extend_lease(self, delivery: Delivery, seconds: float | None = None) -> None:
+        """Deliveries are bound to the connection: keep it alive and check it still is."""
+        sub = self._owned(delivery, "extend_lease")
+        try:
+            self._flush(sub)
+            self._stop_if_paused(sub)
+            self._pump()
+        except CONNECTION_ERRORS as exc:
+            self._lose_connection("extending a lease", exc)
+        self._owned(delivery, "extend_lease")
+
+    # -- depth ---------------------------------------------------------------------------------
+
+    def depth(self, queue: str) -> Depth:
+        """Live ready/delayed/dead counts; in-flight as described in the module docstring."""
+        family = self._listing(queue)
+        levels = {n for n in family if n != queue and n != dead_queue(queue)}
+        levels |= {level_queue(queue, k) for k in self._levels.get(queue, ())}
+        self._call("settling acks before measuring depth", self._sync)
+        counts = self._call(f"measuring the depth of queue {queue!r}", lambda: {
+            name: self._passive(name) for name in [queue, dead_queue(queue), *sorted(levels)]})
+        ready, consumers = counts[queue] or (0, 0)
+        buffered = self._buffered(queue)
+        return Depth(ready=ready + buffered,
+                     in_flight=self._in_flight(queue, consumers, family, buffered),
+                     delayed=sum((counts[n] or (0, 0))[0] for n in levels),
+                     dead=(counts[dead_queue(queue)] or (0, 0))[0])
+
+    def _sync(self) -> None:
+        """Send owed acks and take in what RabbitMQ pushed, so this object's own part of the
+        counts (buffered, held) matches what the broker sees."""
+        sub = self._sub
+        if sub is not None and not sub.lost and sub.channel.is_open:
+            self._flush(sub)
+            self._pump()
+
+    def _listing(self, queue: str, fresh: bool = False) -> dict[str, dict[str, Any]]:
+        """The management API's view of the queue family, reused for up to LISTING_TTL s."""
+        cached = self._listings.get(queue)
+        if cached is not None and not fresh and time.monotonic() - cached[0] < LISTING_TTL:
+            return cached[1]
+        family = self._mgmt.queue_family(queue)
+        self._listings[queue] = (time.monotonic(), family)
+        return family
+
+    def _passive(self, name: str) -> tuple[int, int] | None:
+        """(ready messages, consumers) of an existing queue, live; None if it does not exist."""
+        try:
+            frame = self._channel("admin").queue_declare(name, passive=True)
+        except pex.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:
+                return None
+            raise BrokerError(f"RabbitMQ refused to report on queue {name!r}: "
+                              f"{exc.reply_text}") from exc
+        return int(frame.method.message_count), int(frame.method.consumer_count)
+
+    def _buffered(self, queue: str) -> int:
+        """Deliveries RabbitMQ pushed to this object that no one was handed yet: ready, in the
+        seam's terms (nobody works on them; a crash returns them), though unacked to it."""
+        sub = self._sub
+        return len(sub.buffers.get(queue, ())) if sub is not None and not sub.lost else 0
+
+    def _in_flight(self, queue: str, consumers: int, family: dict[str, dict[str, Any]],
+                   buffered: int) -> int:
+        """Own held deliveries when every consumer is ours, else the management API's count
+        (less what this object buffered, which `depth` reports as ready)."""
+        sub = self._sub
+        own = sub.ledger.in_flight(queue) - buffered if sub is not None and not sub.lost else 0
+        mine = sub.own_consumers(queue) if sub is not None and not sub.lost else 0
+        if consumers <= mine:
+            return own
+        unacked = family.get(queue, {}).get("messages_unacknowledged")
+        if unacked is None:
+            unacked = self._await_statistics(queue, consumers)
+        return max(int(unacked) - buffered, own)
+
+    def _await_statistics(self, queue: str, consumers: int) -> int:
+        """A queue younger than RabbitMQ's statistics interval has no unacked count yet: wait
+        for the first one (a few seconds, once per queue) rather than guess."""
+        deadline = time.monotonic() + STATISTICS_WAIT
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            unacked = self._listing(queue, fresh=True).get(queue, {}).get(
+                "messages_unacknowledged")
+            if unacked is not None:
+                return int(unacked)
+        raise BrokerError(
+            f"cannot count in-flight messages of queue {queue!r}: it has {consumers} "
+            "consumer(s) on other connections and RabbitMQ's management plugin published no "
+            f"statistics for it within {STATISTICS_WAIT:.0f} s; check collect_statistics and "
+            "the management plugin's health")
+
+    def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
+        """Poll live counts every WATCH_POLL_SECONDS until `queues` hold more than `above`.
+
+        RabbitMQ cannot tell a watcher of a publish without handing the message to it, so
+        this polls; but cheaply: a queue nobody consumes has nothing in flight, so its live
+        ready count (a passive declare) is its whole activity and the management API is
+        only asked about queues that have consumers.
+        """
+        deadline = time.monotonic() + timeout
+        while sum(self._active(queue) for queue in queues) <= above:
+            if self._interrupted.is_set():
+                self._interrupted.clear()
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._interrupted.wait(min(remaining, WATCH_POLL_SECONDS))
+        return True
+
+    def _active(self, queue: str) -> int:
+        counts = self._call(f"watching queue {queue!r}", lambda: self._passive(queue))
+        if counts is None:
+            return 0
+        ready, consumers = counts
+        return ready if consumers == 0 else self.depth(queue).active
+
+    # -- close ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Send owed acks, then close the connection: unsettled deliveries are redelivered."""
+        sub = self._sub
+        if sub is not None and not sub.lost:
+            try:
+                self._flush(sub)
+            except CONNECTION_ERRORS as exc:
+                LOG.warning("closing: %d ack(s) could not be sent (%r); those messages will "
+                            "be redelivered", len(sub.ledger.owed), exc)
+        self._drop_connection()
+        self._sub = None
+        self._want = None
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetter]:
+        """Browse `<queue>.dead` with basic.get, then nack them all back in order."""
+        return self._call(f"listing dead letters of queue {queue!r}",
+                          lambda: self._browse(queue, limit))
+
+    def _browse(self, queue: str, limit: int) -> list[DeadLetter]:
+        channel = self._connection().channel()
+        try:
+            found = self._get_many(channel, dead_queue(queue), limit)
+            if found:
+                channel.basic_nack(found[-1][0].delivery_tag, multiple=True, requeue=True)
+            return [dead_letter_of(queue, method, props, body) for method, props, body in found]
+        finally:
+            _close_quietly(channel)
+
+    def _get_many(self, channel: BlockingChannel, name: str,
+                  limit: int) -> list[tuple[Basic.GetOk, BasicProperties, bytes]]:
+        found: list[tuple[Basic.GetOk, BasicProperties, bytes]] = []
+        if self._passive(name) is None:
+            return found
+        while len(found) < limit:
+            method, props, body = channel.basic_get(name)
+            if method is None or props is None or body is None:
+                break
+            found.append((method, props, body))
+        return found
+
+    def requeue_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        """Move dead letters back to `queue` as new messages with a fresh delivery count."""
+        return self._call(f"re-queueing dead letters of queue {queue!r}",
+                          lambda: self._requeue(queue, None if ids is None else set(ids)))
+
+    def _requeue(self, queue: str, wanted: set[str] | None) -> int:
+        if self._passive(dead_queue(queue)) is None:
+            return 0
+        channel = self._connection().channel()
+        moved, kept = 0, 0
+        try:
+            for method, props, body in _drain(channel, dead_queue(queue)):
+                if wanted is not None and dead_id(props, body) not in wanted:
+                    kept = method.delivery_tag
+                    continue
+                self._publish(queue, body, properties(props.message_id, None), 0)
+                channel.basic_ack(method.delivery_tag)
+                moved += 1
+                if wanted is not None:
+                    wanted.discard(dead_id(props, body))
+                    if not wanted:
+                        break
+            if kept:
+                channel.basic_nack(kept, multiple=True, requeue=True)
+        finally:
+            _close_quietly(channel)
+        return moved
+
+    def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
+        """Delete dead letters: all (queue.purge of `<queue>.dead`) or those in `ids`."""
+        if ids is None:
+            return self._call(f"purging dead letters of queue {queue!r}",
+                              lambda: self._purge_one(dead_queue(queue)))
+        return self._call(f"deleting dead letters of queue {queue!r}",
+                          lambda: self._delete_dead(queue, set(ids)))
+
+    def _delete_dead(self, queue: str, wanted: set[str]) -> int:
+        """Ack (delete) the dead letters in `wanted`; nack the others back in order."""
+        if not wanted or self._passive(dead_queue(queue)) is None:
+            return 0
+        channel = self._connection().channel()
+        deleted, kept = 0, 0
+        try:
+            for method, props, body in _drain(channel, dead_queue(queue)):
+                if dead_id(props, body) not in wanted:
+                    kept = method.delivery_tag
+                    continue
+                channel.basic_ack(method.delivery_tag)
+                deleted += 1
+                wanted.discard(dead_id(props, body))
+                if not wanted:
+                    break
+            if kept:
+                channel.basic_nack(kept, multiple=True, requeue=True)
+        finally:
+            _close_quietly(channel)
+        return deleted
+
+    def purge(self, queue: str) -> int:
+        """Purge the queue, its delay levels and its dead letters (in-flight ones stay)."""
+        names = set(self._listing(queue, fresh=True))
+        return self._call(f"purging queue {queue!r}",
+                          lambda: sum(self._purge_one(name) for name in sorted(names)))
+
+    def _purge_one(self, name: str) -> int:
+        try:
+            return int(self._channel("admin").queue_purge(name).method.message_count)
+        except pex.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:
+                return 0
+            raise BrokerError(f"RabbitMQ refused to purge queue {name!r}: "
+                              f"{exc.reply_text}") from exc
+
+
+# -- helpers for dead letters ---------------------------------------------------------------
+
+
+def _drain(channel: BlockingChannel,
+           name: str) -> Iterable[tuple[Basic.GetOk, BasicProperties, bytes]]:
+    """basic.get until the queue is empty (what is got stays unacked until settled)."""
+    while True:
+        method, props, body = channel.basic_get(name)
+        if method is None or props is None or body is None:
+            return
+        yield method, props, body
+
+
+def dead_id(props: BasicProperties, body: bytes) -> str:
+    """A stable id for a dead letter: its message id (Conveyor always sets one)."""
+    if props.message_id:
+        return str(props.message_id)
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
+def dead_letter_of(queue: str, method: Basic.GetOk, props: BasicProperties,
+                   body: bytes) -> DeadLetter:
+    """A DeadLetter from our headers, or from RabbitMQ's x-death when it dead-lettered."""
+    headers = props.headers or {}
+    reason = _text(headers.get(REASON_HEADER))
+    dead_at = headers.get(DEAD_AT_HEADER)
+    count = _int(headers.get(DELIVERIES_HEADER))
+    if not reason:  # RabbitMQ's own dead-lettering: over the delivery limit
+        why = _text(headers.get("x-first-death-reason")) or "unknown"
+        reason = f"RabbitMQ dead-lettered it ({why}): returned more often than the queue's " \
+                 "x-delivery-limit"
+        dead_at = _death_time(headers)
+        count += _int(headers.get("x-delivery-count"))
+    return DeadLetter(id=dead_id(props, body), queue=queue, body=body, reason=reason,
+                      dead_at=_float(dead_at), delivery_count=max(1, count))
+
+
+def _float(value: Any) -> float:
+    """A float from a header (pika has no float type on the wire: we send text)."""
+    try:
+        return float(_text(value) if isinstance(value, bytes) else value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _death_time(headers: dict[str, Any]) -> float:
+    deaths = headers.get("x-death") or []
+    stamp = deaths[0].get("time") if deaths and isinstance(deaths[0], dict) else None
+    if isinstance(stamp, datetime):  # pika decodes AMQP timestamps as naive UTC
+        return stamp.replace(tzinfo=stamp.tzinfo or UTC).timestamp()
+    return float(stamp) if isinstance(stamp, int | float) else 0.0
+
+
+def _close_quietly(channel: BlockingChannel) -> None:
+    if channel.is_open:
+        try:
+            channel.close()
+        except (pex.AMQPError, OSError) as exc:
+            LOG.debug("closing a browsing channel: %r", exc)

@@ -1,0 +1,382 @@
+"""RabbitMQ-specific behaviour the conformance suite cannot see.
+
+Server-side connection loss and re-subscription, the delay ladder's timing, dead-letter
+headers, RabbitMQ's own delivery-limit backstop, and depth without the management plugin;
+plus the pure parts (the ladder's routing keys, ack coalescing) without a server. Every
+queue a test creates is deleted afterwards, with its dead-letter queue and delay levels.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+
+import pika
+import pytest
+
+from conveyor.broker import Delivery
+from conveyor.broker.rabbitmq import (
+    DELAY_LEVELS,
+    DELAY_UNIT_MS,
+    AckLedger,
+    ManagementAPI,
+    RabbitMQBroker,
+    delay_key,
+    delay_units,
+    destination_token,
+    level_pattern,
+    set_levels,
+)
+from conveyor.errors import BrokerError, LeaseLost
+from tests.conftest import RABBITMQ_URL, require_service
+
+LOGGER = "conveyor.broker.rabbitmq"
+
+
+@pytest.fixture
+def rabbit() -> None:
+    require_service("rabbitmq")
+
+
+@pytest.fixture
+def queue(rabbit: None, unique: str) -> Iterator[str]:
+    """A unique queue; it and its `.dead` and `.delay.<k>` queues are deleted at the end."""
+    name = f"q-{unique}"
+    yield name
+    api = ManagementAPI("http://127.0.0.1:15672", "guest", "guest", "/")
+    family = api.queue_family(name) | api.queue_family(name + "-b")
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        channel = connection.channel()
+        for member in family:
+            channel.queue_delete(member)
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def open_broker(queue: str) -> Iterator[Callable[..., RabbitMQBroker]]:
+    """Open RabbitMQ brokers (URL options as keywords); all are closed at the end, before
+    the test's queues are deleted."""
+    opened: list[RabbitMQBroker] = []
+
+    def make(lease_seconds: float = 60.0, **options: str) -> RabbitMQBroker:
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        broker = RabbitMQBroker(RABBITMQ_URL + (f"?{query}" if query else ""), lease_seconds)
+        opened.append(broker)
+        return broker
+
+    yield make
+    for broker in opened:
+        broker.close()
+
+
+def first(broker: RabbitMQBroker, queues: list[str], timeout: float = 5.0,
+          prefetch: int = 1) -> Delivery | None:
+    deadline = time.monotonic() + timeout
+    for delivery in broker.consume(queues, prefetch=prefetch, timeout=0.2):
+        if delivery is not None or time.monotonic() > deadline:
+            return delivery
+    return None
+
+
+# -- connection loss ------------------------------------------------------------------------
+
+
+def close_connection_server_side(connection_name: str) -> None:
+    """`rabbitmqctl close_connection` on the connection whose client named itself so."""
+    listed = subprocess.run(["rabbitmqctl", "-q", "--no-table-headers", "list_connections",
+                             "pid", "client_properties"],
+                            capture_output=True, text=True, check=True, timeout=60)
+    for line in listed.stdout.splitlines():
+        pid, _, props = line.partition("\t")
+        if f'{{"connection_name","{connection_name}"}}' in props:
+            subprocess.run(["rabbitmqctl", "-q", "close_connection", pid,
+                            "conveyor test: simulated connection loss"],
+                           capture_output=True, check=True, timeout=60)
+            return
+    raise AssertionError(f"no RabbitMQ connection named {connection_name!r}")
+
+
+def test_consumer_reconnects_and_receives_what_is_published_after(
+        open_broker: Callable[..., RabbitMQBroker], queue: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl is not installed here")
+    consumer, producer = open_broker(), open_broker()
+    producer.publish(queue, b"before")
+    steps = consumer.consume([queue], prefetch=2, timeout=0.2)
+    held = next(steps)
+    assert held is not None and held.body == b"before"
+
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    close_connection_server_side(consumer.connection_name)
+    producer.publish(queue, b"after")
+    got: dict[bytes, int] = {}
+    deadline = time.monotonic() + 30
+    while set(got) != {b"before", b"after"} and time.monotonic() < deadline:
+        delivery = next(steps)
+        if delivery is not None:
+            got[delivery.body] = delivery.delivery_count
+            consumer.ack(delivery)
+
+    assert got == {b"before": 2, b"after": 1}, "no re-subscription after the connection loss"
+    with pytest.raises(LeaseLost):
+        consumer.ack(held)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("lost" in w and "retrying" in w for w in warnings), warnings
+    assert any("re-subscribed" in w for w in warnings), warnings
+
+
+# -- the delay ladder -------------------------------------------------------------------------
+
+
+def test_delays_are_never_early_and_at_most_about_a_second_late(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    broker = open_broker()
+    delays = {b"0.5": 0.5, b"1": 1.0, b"3": 3.0, b"0.1": 0.1, b"1.3": 1.3}
+    published: dict[bytes, float] = {}
+    for body, delay in delays.items():
+        published[body] = time.monotonic()
+        broker.publish(queue, body, delay=delay)
+    assert broker.depth(queue).delayed == len(delays)
+    arrived: dict[bytes, float] = {}
+    deadline = time.monotonic() + 15
+    for delivery in broker.consume([queue], prefetch=8, timeout=0.2):
+        if delivery is not None:
+            arrived[delivery.body] = time.monotonic()
+            broker.ack(delivery)
+        if len(arrived) == len(delays) or time.monotonic() > deadline:
+            break
+    late = {body: arrived[body] - published[body] - delays[body] for body in arrived}
+    assert set(late) == set(delays), f"never delivered: {set(delays) - set(late)}"
+    assert all(v >= 0 for v in late.values()), f"delivered early: {late}"
+    assert all(v <= 1.0 for v in late.values()), f"delivered late: {late}"
+    assert broker.depth(queue).delayed == 0
+
+
+def test_retry_later_with_a_delay_walks_the_ladder_and_keeps_counting(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    broker = open_broker()
+    broker.publish(queue, b"job")
+    delivery = first(broker, [queue])
+    assert delivery is not None
+    started = time.monotonic()
+    broker.retry_later(delivery, delay=0.75, body=b"job-2")
+    assert broker.depth(queue).delayed == 1
+    again = first(broker, [queue], timeout=10)
+    assert again is not None and (again.body, again.delivery_count) == (b"job-2", 2)
+    assert time.monotonic() - started >= 0.75
+    broker.ack(again)
+
+
+def walk(units: int, queue: str) -> tuple[list[int], str]:
+    """Route a delayed message through the ladder's bindings as RabbitMQ's topic exchanges
+    would: (levels it waits in, highest first; where it ends)."""
+    key = delay_key(units, queue).split(".")
+
+    def matches(pattern: str) -> bool:
+        words = pattern.split(".")
+        return len(words) == len(key) and all(w in ("*", k) for w, k in zip(words, key,
+                                                                             strict=True))
+
+    waited: list[int] = []
+    for level in range(units.bit_length() - 1, -1, -1):
+        if matches(level_pattern(level, "1", destination_token(queue))):
+            waited.append(level)
+        else:
+            assert matches(level_pattern(level, "0", "*"))
+    return waited, queue if matches(level_pattern(0, "0", destination_token(queue))) or \
+        waited[-1:] == [0] else "nowhere"
+
+
+@pytest.mark.parametrize("delay", [0.01, 0.25, 0.5, 1.0, 1.5, 3.0, 60.0, 86400.0, 3e6])
+def test_the_ladder_waits_the_rounded_up_delay_exactly(delay: float) -> None:
+    units = delay_units(delay)
+    assert units * DELAY_UNIT_MS / 1000 >= delay > (units - 1) * DELAY_UNIT_MS / 1000
+    waited, destination = walk(units, "orders.eu")
+    assert waited == sorted(set_levels(units), reverse=True)
+    assert sum(DELAY_UNIT_MS << level for level in waited) == units * DELAY_UNIT_MS
+    assert destination == "orders.eu"
+    assert len(delay_key(units, "orders.eu").split(".")) == DELAY_LEVELS + 1
+
+
+def test_queue_names_with_dots_or_wildcards_cannot_catch_each_others_delays() -> None:
+    tokens = {destination_token(name) for name in ["a", "a.b", "b", "a.*", "#", "a.#"]}
+    assert len(tokens) == 6 and all("." not in t and "*" not in t for t in tokens)
+
+
+def test_a_delay_beyond_the_ladder_is_refused() -> None:
+    with pytest.raises(BrokerError, match="delay ladder"):
+        delay_units(200 * 86400)
+
+
+# -- dead letters -----------------------------------------------------------------------------
+
+
+def test_dead_letter_reason_time_and_count_round_trip(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    broker = open_broker()
+    broker.publish(queue, b"first")
+    broker.publish(queue, b"second")
+    one = first(broker, [queue])
+    assert one is not None
+    broker.retry_later(one)
+    two = first(broker, [queue])
+    assert two is not None and two.body == b"second"
+    before = time.time()
+    broker.dead_letter(two, "bad input: ‘naïve’ ✗ at line 3")
+    again = first(broker, [queue])
+    assert again is not None and (again.body, again.delivery_count) == (b"first", 2)
+    broker.dead_letter(again, "oom_killed: exceeded 64 MiB")
+
+    listed = broker.dead_letters(queue)
+    assert [(d.body, d.reason, d.delivery_count) for d in listed] == [
+        (b"second", "bad input: ‘naïve’ ✗ at line 3", 1),
+        (b"first", "oom_killed: exceeded 64 MiB", 2)]
+    assert all(before <= d.dead_at <= time.time() for d in listed)
+    assert broker.dead_letters(queue) == listed, "browsing changed or lost dead letters"
+    assert broker.dead_letters(queue, limit=1) == listed[:1]
+    assert broker.depth(queue).dead == 2
+
+    assert broker.requeue_dead(queue, [listed[1].id]) == 1
+    back = first(broker, [queue])
+    assert back is not None and (back.body, back.delivery_count) == (b"first", 1)
+    broker.ack(back)
+    assert [d.body for d in broker.dead_letters(queue)] == [b"second"]
+    assert broker.requeue_dead(queue) == 1
+    assert broker.depth(queue).dead == 0
+
+
+def test_rabbitmq_dead_letters_a_message_over_its_delivery_limit(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    open_broker(delivery_limit="1").publish(queue, b"crashes its worker")
+    for _ in range(2):  # each consumer takes it and dies without settling
+        holder = open_broker(delivery_limit="1")
+        assert first(holder, [queue]) is not None
+        holder.close()
+    admin = open_broker(delivery_limit="1")
+    deadline = time.monotonic() + 10
+    while admin.depth(queue).dead == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [dead] = admin.dead_letters(queue)
+    assert dead.body == b"crashes its worker"
+    assert "delivery_limit" in dead.reason and dead.dead_at > 0
+
+
+# -- depth --------------------------------------------------------------------------------------
+
+
+def test_depth_without_the_management_plugin_raises_and_says_how_to_enable_it(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    broker = open_broker(management="http://127.0.0.1:9")
+    broker.publish(queue, b"x")
+    with pytest.raises(BrokerError, match="rabbitmq-plugins enable rabbitmq_management"):
+        broker.depth(queue)
+
+
+def test_purge_empties_ready_delayed_and_dead(open_broker: Callable[..., RabbitMQBroker],
+                                              queue: str) -> None:
+    consumer = open_broker()
+    consumer.publish(queue, b"poison")
+    delivery = first(consumer, [queue])
+    assert delivery is not None
+    consumer.dead_letter(delivery, "test")
+    consumer.close()
+    broker = open_broker()
+    broker.publish(queue, b"ready")
+    broker.publish(queue, b"later", delay=30)
+    broker.publish(queue, b"much later", delay=3000)
+    assert broker.depth(queue).delayed == 2
+    assert broker.purge(queue) == 4
+    assert broker.depth(queue).active + broker.depth(queue).delayed == 0
+
+
+@pytest.mark.slow
+def test_in_flight_held_by_another_connection_comes_from_the_management_api(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    holder, observer = open_broker(), open_broker()
+    holder.publish(queue, b"held")
+    assert first(holder, [queue]) is not None
+    deadline = time.monotonic() + 30  # RabbitMQ refreshes these statistics every ~5 s
+    in_flight = observer.depth(queue).in_flight  # a new queue: waits for its first statistics
+    while in_flight != 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        in_flight = observer.depth(queue).in_flight
+    assert in_flight == 1
+
+
+def test_a_consumer_on_3_10_is_warned_of_the_broker_wide_consumer_timeout(
+        open_broker: Callable[..., RabbitMQBroker], queue: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    broker = open_broker()
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    assert first(broker, [queue], timeout=0.3) is None
+    warned = [r.getMessage() for r in caplog.records if "consumer_timeout" in r.getMessage()]
+    assert bool(warned) == (broker.server_version < (3, 12))
+
+
+def test_first_listed_queue_wins_even_when_a_later_one_was_buffered_first(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    broker = open_broker()
+    later = queue + "-b"
+    broker.publish(later, b"b1")
+    broker.publish(later, b"b2")
+    steps = broker.consume([queue, later], prefetch=2, timeout=0.3)
+    held = next(steps)
+    assert held is not None and held.body == b"b1"  # b2 now sits in the local buffer
+    broker.publish(queue, b"a1")
+    nxt = next(steps)
+    assert nxt is not None and nxt.body == b"a1"
+    broker.ack(held)
+    broker.ack(nxt)
+
+
+# -- ack coalescing (no server) ----------------------------------------------------------------
+
+
+def test_ack_ledger_sends_a_run_as_one_multiple_ack_and_stops_at_unseen_tags() -> None:
+    ledger, sent = AckLedger(), []
+    for tag in (1, 2, 3, 4):
+        ledger.add(tag, "q", "c", pushed=True)
+    for tag in (1, 2, 4):
+        ledger.settle(tag)
+    ledger.flush(lambda tag, multiple: sent.append((tag, multiple)))
+    assert sent == [(2, True), (4, False)]  # 3 is still held: 4 goes alone
+    ledger.add(6, "q", "get 6", pushed=False)  # 5: delivered, not dispatched by pika yet
+    ledger.settle(3)
+    ledger.settle(6)
+    sent.clear()
+    ledger.flush(lambda tag, multiple: sent.append((tag, multiple)))
+    assert sent == [(3, False), (6, False)], "a multiple ack must never cover unseen tag 5"
+    assert ledger.unacked == {}
+
+
+def test_ack_ledger_passes_tags_pika_rejected_on_cancel() -> None:
+    ledger, sent = AckLedger(), []
+    for tag in (1, 3):  # 2 was rejected by pika when its consumer was cancelled
+        ledger.add(tag, "q", "c", pushed=True)
+    ledger.settle(1)
+    ledger.settle(3)
+    ledger.flush(lambda tag, multiple: sent.append((tag, multiple)))
+    assert sent == [(3, True)]
+    assert ledger.floor == 3
+
+
+def test_a_paused_consumer_hands_back_what_it_buffered(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    draining, other = open_broker(), open_broker()
+    for body in (b"running", b"b1", b"b2"):
+        draining.publish(queue, body)
+    steps = draining.consume([queue], prefetch=4, timeout=0.3)
+    held = next(steps)
+    assert held is not None and held.body == b"running"
+    draining.pause()
+    draining.extend_lease(held)  # a draining worker still heartbeats its running tasks
+    got = [first(other, [queue], timeout=5, prefetch=2) for _ in range(2)]
+    assert sorted((d.body, d.delivery_count) for d in got if d is not None) == [
+        (b"b1", 2), (b"b2", 2)]
+    draining.ack(held)
