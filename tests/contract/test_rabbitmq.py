@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 
-from conveyor.broker import Delivery
+from conveyor.broker import Delivery, Depth
 from conveyor.broker.rabbitmq import (
     DELAY_LEVELS,
     DELAY_UNIT_MS,
@@ -380,3 +380,23 @@ def test_a_paused_consumer_hands_back_what_it_buffered(
     assert sorted((d.body, d.delivery_count) for d in got if d is not None) == [
         (b"b1", 2), (b"b2", 2)]
     draining.ack(held)
+
+
+def test_an_earlier_queue_nobody_pushed_from_is_checked_with_basic_get(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """The fallback behind first-listed-first: a delivery of a later queue is only handed out
+    after each earlier queue was found empty. Here the earlier queue has no consumer on this
+    channel (as when its deliveries are still on the wire), so only basic.get can find it."""
+    broker = open_broker()
+    later = queue + "-b"
+    broker.publish(later, b"b1")
+    broker.publish(queue, b"a1")
+    broker._start_consuming([later], 2)
+    deadline = time.monotonic() + 5
+    while not broker._sub.buffers.get(later) and time.monotonic() < deadline:  # type: ignore[union-attr]
+        broker._pump()
+    [taken] = broker._claim([queue, later], 1)
+    assert (taken.queue, taken.body, taken.delivery_count) == (queue, b"a1", 1)
+    broker._held(1)
+    broker.ack(taken)
+    assert broker.depth(queue) == Depth(0, 0, 0, 0)

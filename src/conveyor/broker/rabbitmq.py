@@ -172,6 +172,9 @@ ACK_DELAY = 0.005
 #: consuming thread only sets a flag (pika's thread-safe wake-up takes locks the interrupted
 #: thread may hold), so it is seen within this.
 WAIT_SLICE = 0.5
+#: How long a consumer this object settled (a basic.get, a cancelled consumer) may still be
+#: counted by RabbitMQ, which applies an ack asynchronously.
+VANISH_SECONDS = 1.0
 #: How long depth waits for a new queue's first statistics from the management plugin.
 STATISTICS_WAIT = 20.0
 #: Queue names leave room for the reserved suffixes inside AMQP's 255-byte limit.
@@ -609,6 +612,7 @@ class RabbitMQBroker(Broker):
         self._backoff = Backoff()
         self._warned_timeout = False
         self._owner = 0  # the consuming thread
+        self._vanishing_until = 0.0  # a settled basic.get or cancelled consumer still counts
         self._call("connecting", self._connection)
 
     # -- connection and channels -------------------------------------------------------------
@@ -1073,6 +1077,8 @@ class RabbitMQBroker(Broker):
         """Settle a held delivery: owe its ack, and send owed acks when enough are due."""
         self._release(delivery.receipt)
         sub.ledger.settle(delivery.receipt.tag)
+        if delivery.receipt.consumer not in sub.tags.values():
+            self._vanishing_until = time.monotonic() + VANISH_SECONDS
         if flush or len(sub.ledger.owed) >= sub.prefetch or self._paused:
             try:
                 self._flush(sub)
@@ -1179,12 +1185,26 @@ class RabbitMQBroker(Broker):
         sub = self._sub
         own = sub.ledger.in_flight(queue) - buffered if sub is not None and not sub.lost else 0
         mine = sub.own_consumers(queue) if sub is not None and not sub.lost else 0
+        if consumers > mine and time.monotonic() < self._vanishing_until:
+            consumers = self._consumers_settling(queue, consumers, mine)
         if consumers <= mine:
             return own
         unacked = family.get(queue, {}).get("messages_unacknowledged")
         if unacked is None:
             unacked = self._await_statistics(queue, consumers)
         return max(int(unacked) - buffered, own)
+
+    def _consumers_settling(self, queue: str, consumers: int, mine: int) -> int:
+        """Re-read the consumer count while a consumer this object just settled (a held
+        basic.get, a cancelled consumer) may still be counted: RabbitMQ applies the ack a
+        moment after it answers a passive declare on another channel."""
+        deadline = min(self._vanishing_until, time.monotonic() + VANISH_SECONDS)
+        while consumers > mine and time.monotonic() < deadline:
+            time.sleep(0.02)
+            counts = self._call(f"measuring the depth of queue {queue!r}",
+                                lambda: self._passive(queue))
+            consumers = counts[1] if counts is not None else 0
+        return consumers
 
     def _await_statistics(self, queue: str, consumers: int) -> int:
         """A queue younger than RabbitMQ's statistics interval has no unacked count yet: wait
