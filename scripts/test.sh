@@ -22,7 +22,8 @@ start_service() {  # name port command...
 }
 start_service postgres 5432 pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql 2>/dev/null | head -1)" main start
 start_service redis 6379 redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
-start_service rabbitmq 5672 rabbitmq-server -detached
+# RabbitMQ holds ~3 file handles per quorum queue: give it more than the default 1024.
+start_service rabbitmq 5672 sh -c 'ulimit -n 65536 2>/dev/null; exec rabbitmq-server -detached'
 up 5672 && { rabbitmq-plugins -q enable rabbitmq_management >/dev/null || echo "could not enable rabbitmq_management: RabbitMQ depth() will fail" >&2; }  # idempotent, online
 
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
