@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote
+from urllib.request import Request, urlopen
 
 import pytest
 
 from conveyor.broker import Broker, from_url
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL, REDIS_URL, clean_transport, require_service
+from tests.conftest import (
+    POSTGRES_URL,
+    RABBITMQ_URL,
+    REDIS_URL,
+    clean_transport,
+    delete_redis_prefix,
+    require_service,
+)
 
 # transport -> (service it needs or None, URL for a test given its temp dir and unique name)
 TRANSPORTS: dict[str, tuple[str | None, Callable[[Path, str], str]]] = {
@@ -19,9 +30,13 @@ TRANSPORTS: dict[str, tuple[str | None, Callable[[Path, str], str]]] = {
     "redis": ("redis", lambda tmp, name: f"{REDIS_URL}?prefix={name}"),
     "postgres": ("postgres", lambda tmp, name: f"{POSTGRES_URL}?schema={name}"),
     "rabbitmq": ("rabbitmq", lambda tmp, name: RABBITMQ_URL),
+    # queue_expires: whatever a test forgets to delete, RabbitMQ drops 10 minutes later
+    "kombu+redis": ("redis", lambda tmp, name: f"kombu+{REDIS_URL}?prefix={name}:"),
+    "kombu+amqp": ("rabbitmq",
+                   lambda tmp, name: f"kombu+{RABBITMQ_URL}?prefix={name}.&queue_expires=600"),
 }
 # Transports that pass the suite; a transport joins this list when it is done.
-ENABLED = ["sqlite", "redis", "postgres", "rabbitmq"]
+ENABLED = ["sqlite", "redis", "postgres", "rabbitmq", "kombu+redis", "kombu+amqp"]
 
 
 @pytest.fixture(params=ENABLED)
@@ -39,6 +54,30 @@ def _clean_shared_server(request: pytest.FixtureRequest, unique: str) -> Iterato
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None:
         clean_transport(str(callspec.params.get("transport")), unique)
+
+
+@pytest.fixture(autouse=True)
+def _delete_kombu_leftovers(request: pytest.FixtureRequest, unique: str) -> Iterator[None]:
+    """After a kombu run of a test, delete the queues (RabbitMQ) or keys (Redis) it made."""
+    yield
+    callspec = getattr(request.node, "callspec", None)
+    transport = callspec.params.get("transport") if callspec is not None else None
+    if transport == "kombu+redis":
+        delete_redis_prefix(unique)
+    elif transport == "kombu+amqp":
+        delete_rabbitmq_queues(unique + ".")
+
+
+def delete_rabbitmq_queues(prefix: str) -> None:
+    """Delete the queues named `prefix…` through RabbitMQ's management API."""
+    auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+    api = "http://127.0.0.1:15672/api/queues/%2F"
+    with urlopen(Request(f"{api}?name=^{quote(prefix)}&use_regex=true",
+                         headers={"Authorization": auth}), timeout=10) as reply:
+        names = [q["name"] for q in json.load(reply) if q["name"].startswith(prefix)]
+    for name in names:
+        urlopen(Request(f"{api}/{quote(name, safe='')}", method="DELETE",
+                        headers={"Authorization": auth}), timeout=10).close()
 
 
 @pytest.fixture

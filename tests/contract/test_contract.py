@@ -31,6 +31,13 @@ def first(broker: Broker, queues: list[str], timeout: float = 5.0,
     return None
 
 
+def skip_unless_kept(broker: Broker, guarantee: str) -> None:
+    """Skip where the transport names `guarantee` among those it cannot keep, and why."""
+    reason = getattr(broker, "unsupported", {}).get(guarantee)
+    if reason:
+        pytest.skip(f"not supported by {type(broker).__name__}: {reason}")
+
+
 def wait_for_depth(broker: Broker, queue: str, want: Callable[[Depth], bool],
                    timeout: float = 5.0) -> Depth:
     deadline = time.monotonic() + timeout
@@ -217,6 +224,7 @@ def test_kill_9_of_a_holding_consumer_redelivers(make_broker: MakeBroker, queue:
                                                  processes: list[subprocess.Popen[bytes]]
                                                  ) -> None:
     broker = make_broker(lease_seconds=1.0)
+    skip_unless_kept(broker, "crash_redelivery")
     broker.publish(queue, b"survives")
     holder = subprocess.Popen([sys.executable, CONSUMER, "hold", broker_url, queue, "1.0"],
                               stdout=subprocess.PIPE, env=ENV)

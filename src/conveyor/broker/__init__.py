@@ -1,6 +1,7 @@
 """Brokers: one seam (`Broker`), one module per transport, chosen by URL.
 
-`from_url("sqlite:///path")`, `"redis://…"`, `"amqp://…"`, `"postgresql://…"`. With no URL
+`from_url("sqlite:///path")`, `"redis://…"`, `"amqp://…"`, `"postgresql://…"`, and
+`"kombu+<transport>://…"` for any broker kombu reaches (weaker guarantees). With no URL
 configured the broker is SQLite in a per-user data file (`default_url()`). Transports are
 imported lazily so a worker on Redis never loads pika or psycopg.
 """
@@ -25,6 +26,8 @@ TRANSPORTS = {
     "postgresql": "conveyor.broker.postgres:PostgresBroker",
     "postgres": "conveyor.broker.postgres:PostgresBroker",
 }
+#: Every `kombu+<transport>` scheme (kombu+redis, kombu+amqp, kombu+sqs, ...).
+KOMBU = "conveyor.broker.kombu:KombuBroker"
 
 
 def data_dir() -> Path:
@@ -45,11 +48,11 @@ def from_url(url: str | None = None, **options: Any) -> Broker:
     """The broker for `url` (the embedded default when empty)."""
     url = url or default_url()
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    target = TRANSPORTS.get(scheme)
+    target = TRANSPORTS.get(scheme) or (KOMBU if scheme.startswith("kombu+") else None)
     if target is None:
         raise ConfigError(
             f"broker URL {redact(url)!r} has an unknown scheme {scheme!r}: use one of "
-            + ", ".join(f"{s}://" for s in sorted(TRANSPORTS))
+            + ", ".join(f"{s}://" for s in sorted(TRANSPORTS)) + ", kombu+<transport>://"
         )
     module_name, class_name = target.split(":")
     cls = getattr(importlib.import_module(module_name), class_name)

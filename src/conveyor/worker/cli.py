@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Any
 
 from conveyor import broker as brokers
 from conveyor.config import Settings, env_flag, parse_size
@@ -79,6 +80,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
              kind=_positive_int, help="deliveries without an outcome (crashes, shutdowns) "
              "before a message is dead-lettered")
     env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+    env_flag(p, "--celery-queues", env="CONVEYOR_CELERY_QUEUES", default=(), kind=_apps,
+             help="comma-separated Celery queues to take tasks from (Celery task protocol 2, "
+             "JSON); they run as the tasks registered under the same names")
+    env_flag(p, "--celery-broker", env="CONVEYOR_CELERY_BROKER", default="",
+             help="the broker URL the Celery producers publish to (kombu URL)")
+    env_flag(p, "--celery-result-backend", env="CONVEYOR_CELERY_RESULT_BACKEND", default="",
+             help="Celery's Redis result backend: results are written there in Celery's "
+             "format (default: Conveyor events only)")
     p.set_defaults(run=run_worker)
 
 
@@ -88,23 +97,28 @@ def run_worker(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())
     for module in args.app:
         _import_app(module)
+    settings = Settings.from_env(broker_url=args.broker or None, state_url=args.state or None)
+    intake = _celery_intake(args, settings)
     config = WorkerConfig(
-        queues=args.queues, concurrency=args.concurrency, apps=args.app,
+        queues=tuple(dict.fromkeys(args.queues + (intake.config.queues if intake else ()))),
+        concurrency=args.concurrency, apps=args.app,
         max_memory_per_child=args.max_memory_per_child,
         max_tasks_per_child=args.max_tasks_per_child, time_limit=args.time_limit,
         soft_time_limit=args.soft_time_limit, uid=args.uid, gid=args.gid,
         hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout, burst=args.burst, metrics_port=args.metrics_port,
         max_deliveries=args.max_deliveries)
-    settings = Settings.from_env(broker_url=args.broker or None, state_url=args.state or None)
     broker = brokers.from_url(settings.broker_url,
                               lease_seconds=max(3.0, 3 * config.heartbeat_interval))
+    if broker.weaker_guarantees:
+        logging.getLogger("conveyor.worker").warning("weaker guarantees: %s",
+                                                     broker.weaker_guarantees)
     supervisor = Supervisor(config, broker, settings.codec())
     if config.metrics_port:
         supervisor.metrics.serve(config.metrics_port)
     registry = _register(settings, supervisor)
     try:
-        return supervisor.run()
+        return intake.run(supervisor.run) if intake else supervisor.run()
     finally:
         if registry is not None:
             registry.close()
@@ -121,6 +135,16 @@ def _register(settings: Settings, supervisor: Supervisor) -> Registry | None:
     c = supervisor.config
     registry = Registry(url, c.hostname, c.queues, c.concurrency, c.heartbeat_interval)
     return registry.start(lambda: len(supervisor.running) + len(supervisor.pending))
+
+
+def _celery_intake(args: argparse.Namespace, settings: Settings) -> Any:
+    """The Celery intake if --celery-queues was given (kombu is imported only then)."""
+    if not args.celery_queues:
+        return None
+    from conveyor.celery_intake import Intake, IntakeConfig
+    config = IntakeConfig(args.celery_queues, args.celery_broker, settings.broker_url,
+                          args.celery_result_backend)
+    return Intake(config, settings.codec())
 
 
 def _import_app(module: str) -> None:
