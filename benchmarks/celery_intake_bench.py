@@ -1,0 +1,162 @@
+#!/usr/bin/env python
+"""Celery intake drain rate beside Celery's own prefork worker: same queue, machine and run.
+
+usage (from the project root, after ../shared/peers/setup.sh and
+`/tmp/peers-venv/bin/pip install -e .`):
+
+    PYTHONPATH=benchmarks /tmp/peers-venv/bin/python benchmarks/celery_intake_bench.py \
+        [--brokers redis,rabbitmq] [--n 5000] [--runs 3] [--reuse] [--native]
+
+For each broker it runs the peers harness (../shared/peers/bench.py, method in its README)
+on each configuration, back to back: `celery-<broker>` (Celery's prefork worker, 2
+processes) and this module as a spec (`module:celery_intake_bench:<broker>`): the same
+Celery producer (`p_celery`, `noop.delay()` onto Celery's queue `celery`), drained by
+`conveyor worker -c 2 --celery-queues=celery`, whose intake moves each message to
+Conveyor's own broker (the native transport of the same kind) where the supervisor runs it
+in an isolated runner. It prints both drain rates and their ratio. `--reuse` adds a variant
+with `--max-tasks-per-child=100` (Celery's prefork reuses its processes; Conveyor's default
+is a fresh runner per task); `--native` adds Conveyor's own producer and worker on the same
+broker (benchmarks/p_conveyor.py), to show what the intake itself costs.
+
+Measured on the 2-core development machine (shared with other work; figures vary by
+±30 % between runs, the ratios less), 5,000 tasks, median of 3 runs:
+
+| variant | Celery prefork | intake | ratio | native Conveyor (1 run, 2,000) |
+|---|---|---|---|---|
+| Redis, fresh runner per task | 302/s | 56/s | 0.19 | 64/s |
+| Redis, --max-tasks-per-child=100 | 302/s | 218/s | 0.72 | 494/s |
+| RabbitMQ, fresh runner per task | 601/s | 52/s | 0.09 | 48/s |
+| RabbitMQ, --max-tasks-per-child=100 | 601/s | 201/s | 0.33 | 332/s |
+
+As a spec module (`Spec(variant)`, variant `redis|rabbitmq[-reuseN]`) it registers Conveyor
+tasks `noop` and `lat` under Celery's task names; they record completion through the peers'
+`common` module exactly like the Celery tasks do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conveyor.task import task
+
+PEERS = Path(os.environ.get("PEERS_DIR", Path(__file__).resolve().parents[2] / "shared/peers"))
+RESULTS = Path(os.environ.get("PEERS_RESULTS", "/tmp/peers-results"))
+CELERY_URLS = {"redis": "redis://127.0.0.1:6379/0",
+               "rabbitmq": "amqp://guest:guest@127.0.0.1:5672//"}
+CONVEYOR_URLS = {"redis": "redis://127.0.0.1:6379/0?prefix=conveyor-intake-bench",
+                 "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F"}
+INTAKE_QUEUE = "celery.celery"
+
+
+try:  # the peers' instrumentation: on the path in the harness and its workers, not in main()
+    import common  # type: ignore[import-not-found]
+except ImportError:
+    common = None
+
+
+@task(name="noop")
+def noop() -> None:
+    common.mark_done()
+
+
+@task(name="lat")
+def lat(t_enq: float) -> None:
+    common.record_latency(t_enq, time.time())
+
+
+class Spec:
+    """The peers harness's view of the intake (see ../shared/peers/README.md)."""
+
+    def __init__(self, variant: str) -> None:
+        kind, _, reuse = variant.partition("-reuse")
+        self.kind = kind if kind in CELERY_URLS else "redis"
+        self.reuse = int(reuse) if reuse else 1
+        os.environ["BENCH_BROKER"] = self.kind  # p_celery picks its broker from it
+        os.environ["CONVEYOR_BROKER_URL"] = CONVEYOR_URLS[self.kind]  # workers inherit it
+        import p_celery  # type: ignore[import-not-found]
+        self.celery = p_celery
+        self.counter_url = common.COUNTER_URL
+
+    def setup(self) -> None:
+        self.celery.Spec("prefork-c2").purge()
+
+    def purge(self) -> None:
+        from conveyor.broker import from_url
+        self.celery.Spec("prefork-c2").purge()
+        with from_url(CONVEYOR_URLS[self.kind]) as broker:
+            broker.purge(INTAKE_QUEUE)
+
+    def enqueue_noop(self, n: int) -> None:
+        for _ in range(n):
+            self.celery.noop.delay()
+
+    def enqueue_lat(self, t: float) -> None:
+        self.celery.lat.delay(t)
+
+    def worker_cmds(self) -> list[list[str]]:
+        return [["conveyor", "worker", "-A", "celery_intake_bench", "-c", "2",
+                 "--celery-queues=celery", f"--celery-broker={CELERY_URLS[self.kind]}",
+                 f"--max-tasks-per-child={self.reuse}", "--log-level=WARNING"]]
+
+
+def run_config(config: str, n: int, runs: int) -> dict[str, Any]:
+    """One configuration through the peers harness; its saved results."""
+    bench = [sys.executable, str(PEERS / "bench.py"), config, "--n", str(n), "--runs",
+             str(runs), "--skip-latency"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(bench, check=True, env=env)
+    return json.loads((RESULTS / f"{config.replace(':', '_')}.json").read_text())
+
+
+def median_rate(result: dict[str, Any]) -> float:
+    """The median drain rate of the runs that finished (0 if none did)."""
+    rates = [r["rate"] for r in result["runs"] if "rate" in r]
+    return statistics.median(rates) if rates else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--brokers", default="redis,rabbitmq")
+    parser.add_argument("--n", type=int, default=5000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--reuse", action="store_true",
+                        help="also run the intake with --max-tasks-per-child=100")
+    parser.add_argument("--native", action="store_true",
+                        help="also run Conveyor's own producer and worker (p_conveyor) on the "
+                        "same broker: what the intake costs over native Conveyor")
+    args = parser.parse_args()
+    rows = []
+    for kind in args.brokers.split(","):
+        celery = median_rate(run_config(f"celery-{kind}", args.n, args.runs))
+        for variant in [kind] + ([f"{kind}-reuse100"] if args.reuse else []):
+            intake = median_rate(run_config(f"module:celery_intake_bench:{variant}", args.n,
+                                            args.runs))
+            native = median_rate(run_config(f"module:p_conveyor:{variant}", args.n,
+                                            args.runs)) if args.native else 0.0
+            rows.append((variant, celery, intake, native))
+    report(rows, args.n, args.runs)
+
+
+def report(rows: list[tuple[str, float, float, float]], n: int, runs: int) -> None:
+    print(f"\nmedian drain rate of {runs} runs of {n} no-op tasks, 2 slots each (tasks/s)")
+    print(f"{'variant':<20}{'Celery prefork':>15}{'intake':>8}{'ratio':>7}"
+          f"{'native Conveyor':>17}{'intake/native':>15}")
+    for variant, celery, intake, native in rows:
+        ratio = intake / celery if celery else float("nan")
+        line = f"{variant:<20}{celery:>15.0f}{intake:>8.0f}{ratio:>7.2f}"
+        if native:
+            line += f"{native:>17.0f}{intake / native:>15.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

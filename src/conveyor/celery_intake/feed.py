@@ -1,0 +1,164 @@
+"""The feed: Celery's queues in, Conveyor messages out, one kombu consumer thread.
+
+For each message on a Celery queue it publishes either the converted Conveyor message (on
+`celery.<queue>`, delayed on Conveyor's broker if it has an eta) or, for a message that
+cannot run, a rejection record (on `celery.<queue>.rejected`, see `outcomes.py`), and only
+then acks the Celery message. A kill -9 between the two therefore duplicates at worst (the
+Conveyor message keeps the Celery task id as its id, so duplicates are recognisable) and
+never loses a message.
+
+Celery's queues are declared the way Celery declares them (a durable direct exchange and
+queue of the same name) unless they already exist, in which case they are used as they are
+(a quorum queue stays one).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import kombu
+from kombu import Exchange, Queue
+from kombu.message import Message as KombuMessage
+from kombu.mixins import ConsumerMixin
+
+from conveyor.broker import redact
+from conveyor.celery_intake.protocol import Accepted, CeleryMessage, Rejected, convert
+from conveyor.client import Client
+from conveyor.errors import ConfigError, MessageError
+from conveyor.task import Task
+
+log = logging.getLogger("conveyor.celery_intake")
+
+#: Query options of --celery-broker that are kombu transport options, not URL parts.
+TRANSPORT_OPTIONS = {"visibility_timeout": float, "global_keyprefix": str}
+
+
+def intake_queue(celery_queue: str) -> str:
+    """The Conveyor queue Celery queue `celery_queue` feeds (never the same name: on a shared
+    RabbitMQ a Conveyor quorum queue and Celery's classic queue cannot share one)."""
+    return f"celery.{celery_queue}"
+
+
+def rejects_queue(celery_queue: str) -> str:
+    """Where messages of `celery_queue` that cannot run wait to be dead-lettered."""
+    return f"celery.{celery_queue}.rejected"
+
+
+def celery_connection(url: str) -> kombu.Connection:
+    """A kombu connection to Celery's broker; `?visibility_timeout=` etc. become options."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    options: dict[str, Any] = {}
+    try:
+        options = {k: TRANSPORT_OPTIONS[k](v) for k, v in query if k in TRANSPORT_OPTIONS}
+    except ValueError as exc:
+        raise ConfigError(f"--celery-broker {redact(url)!r}: {exc}") from None
+    rest = [(k, v) for k, v in query if k not in TRANSPORT_OPTIONS]
+    return kombu.Connection(urlunsplit(parts._replace(query=urlencode(rest))),
+                            transport_options=options, connect_timeout=5)
+
+
+def record(raw: CeleryMessage, reason: str, state: str) -> bytes:
+    """A rejected Celery message as JSON: its reason, its headers, its body untouched."""
+    return json.dumps({
+        "reason": reason, "state": state, "celery_queue": raw.queue, "task": raw.task_name,
+        "id": raw.task_id, "content_type": raw.content_type,
+        "content_encoding": raw.content_encoding, "headers": dict(raw.headers),
+        "body_base64": base64.b64encode(raw.body).decode()}, default=str).encode()
+
+
+class Feed(ConsumerMixin):
+    """kombu's ConsumerMixin supplies the loop, reconnects and `should_stop`."""
+
+    def __init__(self, connection: kombu.Connection, celery_queues: tuple[str, ...],
+                 client: Client, lookup: Callable[[str], Task[Any, Any] | None],
+                 reply_to: str = "", prefetch: int = 64) -> None:
+        self.connection = connection
+        self.celery_queues = celery_queues
+        self.client = client
+        self.lookup = lookup
+        self.reply_to = reply_to
+        self.prefetch = prefetch
+        self.fed = 0
+
+    def get_consumers(self, consumer: Callable[..., Any], channel: Any) -> list[Any]:
+        existing = self._existing()
+        return [consumer(queues=[_celery_queue(name, channel, name in existing)],
+                         no_ack=False, prefetch_count=self.prefetch,
+                         on_message=self._handler(name))
+                for name in self.celery_queues]
+
+    def _existing(self) -> set[str]:
+        """Which Celery queues exist already, probed on a connection of their own (a 404
+        closes the channel, and a reused channel number would then drop deliveries)."""
+        found = set()
+        with self.connection.clone() as probe:
+            for name in self.celery_queues:
+                channel = probe.channel()
+                try:
+                    channel.queue_declare(queue=name, passive=True)
+                    found.add(name)
+                except probe.channel_errors:
+                    pass
+                finally:
+                    _close(channel)
+        return found
+
+    def _handler(self, celery_queue: str) -> Callable[[KombuMessage], None]:
+        def on_message(message: KombuMessage) -> None:
+            self.take(celery_queue, message)
+        return on_message
+
+    def take(self, celery_queue: str, message: KombuMessage) -> None:
+        """Publish the Conveyor side first, then ack the Celery side.
+
+        Anything about the message itself that goes wrong (a field of the wrong type, a
+        body over Conveyor's size cap) rejects that message; only broker errors propagate,
+        and those stop the feed with the Celery message unacked.
+        """
+        raw = _raw(celery_queue, message)
+        outcome: Accepted | Rejected
+        try:
+            outcome = convert(raw, intake_queue(celery_queue), self.lookup, time.time(),
+                              self.reply_to)
+            if isinstance(outcome, Accepted):
+                self.client.enqueue(outcome.message, outcome.delay)
+        except (MessageError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            outcome = Rejected(f"cannot be converted ({type(exc).__name__}: {exc})")
+        if isinstance(outcome, Rejected):
+            log.warning("Celery message %s (%s) from queue %r is rejected: %s", raw.task_id,
+                        raw.task_name or "?", celery_queue, outcome.reason)
+            self.client.broker.publish(rejects_queue(celery_queue),
+                                       record(raw, outcome.reason, outcome.state))
+        message.ack()
+        self.fed += 1
+
+
+def _raw(celery_queue: str, message: KombuMessage) -> CeleryMessage:
+    """The message as it came, body as bytes (py-amqp decodes text bodies itself)."""
+    encoding = message.content_encoding or "utf-8"
+    body = message.body or b""
+    if isinstance(body, str):
+        body = body.encode("utf-8" if encoding == "binary" else encoding)
+    return CeleryMessage(queue=celery_queue, content_type=message.content_type or "",
+                         content_encoding=encoding, headers=message.headers or {}, body=body,
+                         properties=message.properties or {})
+
+
+def _celery_queue(name: str, channel: Any, exists: bool) -> Queue:
+    """Celery's own declaration of queue `name`, or the existing queue used as it is."""
+    return Queue(name, Exchange(name, type="direct", durable=True), routing_key=name,
+                 durable=True, no_declare=exists, channel=channel)
+
+
+def _close(channel: Any) -> None:
+    try:
+        channel.close()
+    except Exception as exc:  # a channel closed by the broker's 404 may fail to close again
+        log.debug("closing a probe channel: %r", exc)

@@ -1,0 +1,155 @@
+"""Running the intake beside the supervisor: two threads, supervised, stopped in order.
+
+The worker's supervisor consumes `celery.<queue>` like any other queue, so a Celery-born
+task runs in an isolated runner with the same limits, retries, dead letters and metrics.
+The intake only moves messages in (the feed) and outcomes out (the outcome loop). If either
+thread dies, it says why and stops the worker with SIGTERM (a graceful drain): a worker
+that silently stopped taking Celery's messages would be worse than one that exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import kombu
+
+from conveyor import broker as brokers
+from conveyor.broker import redact
+from conveyor.celery_intake.feed import Feed, celery_connection, intake_queue, rejects_queue
+from conveyor.celery_intake.outcomes import RESULTS_QUEUE, OutcomeLoop
+from conveyor.celery_intake.results import RedisResults
+from conveyor.client import Client
+from conveyor.errors import BrokerConnectionError, ConfigError, ConveyorError
+from conveyor.message import Codec
+from conveyor.task import REGISTRY, Task
+
+log = logging.getLogger("conveyor.celery_intake")
+JOIN_SECONDS = 15.0
+
+
+@dataclass(frozen=True)
+class IntakeConfig:
+    """What `conveyor worker --celery-queues … --celery-broker … --celery-result-backend …`
+    asked for; `broker_url` is Conveyor's own broker."""
+
+    celery_queues: tuple[str, ...]
+    celery_broker_url: str
+    broker_url: str = ""
+    result_backend: str = ""
+    prefetch: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.celery_broker_url:
+            raise ConfigError("--celery-queues needs --celery-broker (CONVEYOR_CELERY_BROKER): "
+                              "the broker URL your Celery producers publish to, e.g. "
+                              "redis://127.0.0.1:6379/0 or amqp://guest:guest@host//")
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The Conveyor queues the worker must consume for these Celery queues."""
+        return tuple(intake_queue(q) for q in self.celery_queues)
+
+
+class Intake:
+    """The feed and the outcome loop, started before the supervisor and stopped after it."""
+
+    def __init__(self, config: IntakeConfig, codec: Codec,
+                 lookup: Callable[[str], Task[Any, Any] | None] = REGISTRY.get,
+                 on_failure: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.codec = codec
+        self.lookup = lookup
+        self.failure: str = ""
+        self._on_failure = on_failure or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._feed: Feed | None = None
+        self._outcomes: OutcomeLoop | None = None
+
+    def run(self, main: Callable[[], int]) -> int:
+        """Run `main` (the supervisor) with the intake beside it; fail if the intake did."""
+        self.start()
+        try:
+            code = main()
+        finally:
+            self.stop()
+        if self.failure:
+            raise ConveyorError(f"worker stopped: the Celery intake failed: {self.failure}")
+        return code
+
+    def start(self) -> None:
+        c = self.config
+        backend = RedisResults(c.result_backend) if c.result_backend else None
+        client = Client(brokers.from_url(c.broker_url or None), self.codec)
+        self._feed = Feed(_reachable(c.celery_broker_url), c.celery_queues, client,
+                          self.lookup, RESULTS_QUEUE if backend else "", c.prefetch)
+        self._outcomes = OutcomeLoop(brokers.from_url(c.broker_url or None),
+                                     tuple(rejects_queue(q) for q in c.celery_queues),
+                                     backend, self._stop)
+        log.info("Celery intake: taking %s from %s into %s; results %s",
+                 ",".join(c.celery_queues), redact(c.celery_broker_url), ",".join(c.queues),
+                 f"to {backend.where} via {RESULTS_QUEUE}" if backend else "not written "
+                 "(no --celery-result-backend): outcomes go to Conveyor's events only")
+        for name, target in (("celery-feed", self._feed.run),
+                             ("celery-outcomes", self._outcomes.run)):
+            thread = threading.Thread(target=self._guard, args=(name, target), name=name,
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _guard(self, name: str, target: Callable[[], Any]) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            if self._stop.is_set():
+                log.warning("Celery intake %s ended while stopping: %r", name, exc)
+                return
+            self.failure = f"{name}: {type(exc).__name__}: {exc}"
+            log.error("Celery intake %s died (%s); stopping the worker so a clean one can "
+                      "start", name, self.failure, exc_info=exc)
+            self._on_failure()
+            return
+        if not self._stop.is_set():
+            self.failure = f"{name} returned unexpectedly"
+            self._on_failure()
+
+    def stop(self) -> None:
+        """Stop the feed, let the outcome loop write what is ready, close everything."""
+        self._stop.set()
+        if self._feed is not None:
+            self._feed.should_stop = True
+        if self._outcomes is not None:
+            self._outcomes.broker.wakeup()
+        for thread in self._threads:
+            thread.join(JOIN_SECONDS)
+            if thread.is_alive():
+                log.warning("Celery intake thread %s did not stop within %.0f s", thread.name,
+                            JOIN_SECONDS)
+        self._close()
+
+    def _close(self) -> None:
+        if self._feed is not None:
+            self._feed.client.close()
+            self._feed.connection.release()
+        if self._outcomes is not None:
+            self._outcomes.broker.close()
+            if self._outcomes.backend is not None:
+                self._outcomes.backend.close()
+
+
+def _reachable(url: str) -> kombu.Connection:
+    """A connection to Celery's broker, or one readable line at start if there is none."""
+    connection = celery_connection(url)
+    try:
+        connection.ensure_connection(max_retries=2, interval_start=0.5, interval_step=1)
+    except Exception as exc:  # kombu raises its own OperationalError or the driver's error
+        connection.release()
+        raise BrokerConnectionError(f"Celery broker {redact(url)} is unreachable ({exc}): "
+                                    "check --celery-broker and that the server is up") from None
+    return connection

@@ -1,0 +1,216 @@
+"""Celery intake end to end: an unchanged Celery producer, real `conveyor worker` processes.
+
+The producer (`celery_app.py`, Celery as a test dependency) publishes with `send_task` and
+`apply_async` on Redis or RabbitMQ and waits with `AsyncResult.get()`; no Celery worker runs.
+Conveyor's own broker is the native Redis transport under the test's unique prefix. Every
+test deletes what it made: Conveyor's keys, Celery's queue (and exchange on RabbitMQ), and
+the result documents.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+from urllib.request import Request, urlopen
+
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import TaskRevokedError
+from kombu.exceptions import ContentDisallowed
+
+from conveyor.broker import Broker, from_url
+from tests.conftest import RABBITMQ_URL, REDIS_URL, delete_redis_prefix, require_service
+from tests.integration.celery_app import producer
+from tests.integration.workerkit import APP, ROOT, worker_env
+
+pytestmark = pytest.mark.slow
+
+CELERY_BROKERS = {"redis": REDIS_URL, "rabbitmq": RABBITMQ_URL}
+
+
+@dataclass
+class Setup:
+    """One test's Celery producer, Conveyor broker URL and queue, and what to clean up."""
+
+    app: Celery
+    celery_broker: str
+    conveyor_url: str
+    queue: str
+    logs: Path
+    task_ids: list[str] = field(default_factory=list)
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def worker(self, *flags: str) -> subprocess.Popen[bytes]:
+        """A real `conveyor worker` taking this test's Celery queue, output to a log file."""
+        log = (self.logs / f"worker{len(self.workers)}.log").open("wb")
+        argv = [sys.executable, "-m", "conveyor.cli", "worker", "--queues=default",
+                f"--celery-queues={self.queue}", f"--celery-broker={self.celery_broker}",
+                f"--celery-result-backend={REDIS_URL}", f"--app={APP}",
+                "--heartbeat-interval=1", "--concurrency=2", *flags]
+        proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(self.conveyor_url),
+                                stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.workers.append(proc)
+        return proc
+
+    def output(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.logs.glob("worker*.log")))
+
+    def get(self, result: Any, timeout: float = 30) -> Any:
+        self.task_ids.append(result.id)
+        return result.get(timeout=timeout)
+
+
+@pytest.fixture(params=sorted(CELERY_BROKERS))
+def setup(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterator[Setup]:
+    require_service("redis")
+    require_service(request.param)
+    celery_broker = CELERY_BROKERS[request.param]
+    queue = f"cq-{unique}"
+    s = Setup(producer(celery_broker, REDIS_URL, queue), celery_broker,
+              f"{REDIS_URL}?prefix={unique}", queue, tmp_path)
+    yield s
+    for proc in s.workers:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    s.app.close()
+    delete_redis_prefix(unique)
+    delete_celery_side(request.param, queue, s.task_ids)
+
+
+def delete_celery_side(kind: str, queue: str, task_ids: list[str]) -> None:
+    """Celery's queue and binding (Redis) or queue and exchange (RabbitMQ), and results."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.delete(*[f"celery-task-meta-{i}" for i in task_ids], queue,
+                      f"_kombu.binding.{queue}")
+    finally:
+        client.close()
+    if kind == "rabbitmq":
+        auth = "Basic " + base64.b64encode(b"guest:guest").decode()
+        for what in ("queues", "exchanges"):
+            request = Request(f"http://127.0.0.1:15672/api/{what}/%2F/{quote(queue)}",
+                              method="DELETE", headers={"Authorization": auth})
+            try:
+                urlopen(request, timeout=10).close()
+            except OSError:
+                pass  # already gone
+
+
+def test_celery_producer_gets_its_results_from_conveyor(setup: Setup) -> None:
+    app = setup.app
+    setup.worker()
+    sent = app.send_task("t.add", args=(2, 3))
+    published = time.time()
+    later = app.tasks["t.add"].apply_async((10, 20), countdown=2)
+    failing = app.tasks["t.fail"].apply_async(("kaput",))
+    assert setup.get(sent) == 5, setup.output()
+    assert setup.get(later) == 30, setup.output()
+    assert time.time() - published >= 2, "a countdown task ran before its eta"
+    with pytest.raises(ValueError, match="kaput"):
+        setup.get(failing)
+
+
+def test_pickled_and_expired_messages_are_dead_lettered_with_reasons(setup: Setup) -> None:
+    """The worker consumes first: on RabbitMQ Celery gives an expired message a TTL of 0,
+    so RabbitMQ itself drops it unless a consumer takes it at once."""
+    app = setup.app
+    setup.worker()
+    assert setup.get(app.send_task("t.add", args=(4, 4))) == 8, setup.output()
+    pickled = app.send_task("t.add", args=(1, 2), serializer="pickle")
+    expired = app.send_task("t.add", args=(1, 2),
+                            expires=datetime.now(UTC) - timedelta(seconds=5))
+    with pytest.raises(ContentDisallowed, match="pickle"):
+        setup.get(pickled)
+    with pytest.raises(TaskRevokedError, match="expired"):
+        setup.get(expired)
+    broker = from_url(setup.conveyor_url)
+    try:
+        dead = wait_dead(broker, f"celery.{setup.queue}.rejected", 2)
+    finally:
+        broker.close()
+    by_id = {json.loads(d.body)["id"]: d for d in dead}
+    assert "pickle" in by_id[pickled.id].reason and "never deserializes" in by_id[pickled.id].reason
+    assert by_id[expired.id].reason.startswith("expired")
+    kept = json.loads(by_id[pickled.id].body)
+    assert kept["content_type"] == "application/x-python-serialize"
+    assert base64.b64decode(kept["body_base64"]).startswith(b"\x80")  # pickle, still opaque
+
+
+def wait_dead(broker: Broker, queue: str, count: int, timeout: float = 10) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    dead = broker.dead_letters(queue)
+    while len(dead) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+        dead = broker.dead_letters(queue)
+    assert len(dead) == count, dead
+    return dead
+
+
+def test_kill_9_of_the_worker_mid_task_loses_nothing(setup: Setup, tmp_path: Path) -> None:
+    if "amqp" in setup.celery_broker:
+        pytest.skip("the Conveyor side is the same on both Celery brokers; run once, on Redis")
+    log = tmp_path / "tasks.log"
+    app = setup.app
+    hanging = app.send_task("t.hang_once", args=(str(log), "A"))
+    quick = app.send_task("t.record", args=(str(log), "B"))
+    doomed = setup.worker()
+    assert setup.get(quick) == "B", setup.output()
+    wait_for(lambda: "start A" in log.read_text(), "task A to start")
+    doomed.kill()
+    doomed.wait(timeout=30)
+    runner = int(next(x for x in log.read_text().splitlines() if x.startswith("start A"))
+                 .split()[2])
+    wait_for(lambda: not _alive(runner), "the killed worker's runner to die")
+    after = app.send_task("t.record", args=(str(log), "C"))  # published while none runs
+    setup.worker()
+    assert setup.get(hanging, timeout=60) == "A", setup.output()
+    assert setup.get(after) == "C", setup.output()
+    assert log.read_text().count("done A") == 1
+
+
+def wait_for(condition: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--celery-queues=celery"], "--celery-queues needs --celery-broker"),
+    (["--celery-queues=celery", "--celery-broker=redis://127.0.0.1:1/0"],
+     "Celery broker redis://127.0.0.1:1/0 is unreachable")])
+def test_bad_intake_config_stops_the_worker_at_start_with_one_line(
+        flags: list[str], says: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "worker", f"--app={APP}", *flags],
+        cwd=ROOT, env=worker_env(f"sqlite:///{tmp_path}/broker.db"), capture_output=True,
+        text=True, timeout=60)
+    assert done.returncode != 0
+    assert says in done.stderr.strip().splitlines()[-1], done.stderr
