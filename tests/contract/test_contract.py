@@ -261,3 +261,24 @@ def test_racing_consumers_process_every_message_once(make_broker: MakeBroker, qu
     assert not twice, f"claimed twice while leased: {twice[:10]}"
     assert set(lines[1::2]) == {"1"}
     assert broker.depth(queue) == Depth(0, 0, 0, 0)
+
+
+def test_a_dropped_consume_loop_gives_back_what_it_claimed(make_broker: MakeBroker,
+                                                           queue: str) -> None:
+    broker = make_broker()
+    skip_unless_kept(broker, "dropped_loop_give_back")
+    for i in range(4):
+        broker.publish(queue, str(i).encode())
+    steps = broker.consume([queue], prefetch=4, timeout=1.0)
+    taken = next(steps)
+    assert taken is not None
+    steps.close()  # the loop is dropped holding claims it never handed out
+    broker.ack(taken)
+    rival = make_broker()
+    got = []
+    for delivery in rival.consume([queue], prefetch=4, timeout=1.0):
+        if delivery is None:
+            break
+        got.append(delivery.body)
+        rival.ack(delivery)
+    assert sorted(got) == [b"1", b"2", b"3"], "claims of a dropped loop stayed leased"

@@ -23,6 +23,7 @@ kept apart at the bottom: workers never need them, operators and tests do.
 from __future__ import annotations
 
 import abc
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_LEASE_SECONDS = 60.0
+log = logging.getLogger("conveyor.broker")
 #: How often the default `watch` reads depth: far below any autoscaler's polling interval.
 WATCH_POLL_SECONDS = 0.25
 
@@ -114,12 +116,19 @@ class Broker(abc.ABC):
         self._prefetch = prefetch
         self._start_consuming(queues, prefetch)
         buffered: list[Delivery] = []
+        try:
+            yield from self._steps(queues, prefetch, timeout, buffered)
+        finally:
+            self._return_unhanded(buffered)
+
+    def _steps(self, queues: Sequence[str], prefetch: int, timeout: float,
+               buffered: list[Delivery]) -> Generator[Delivery | None, float | None, None]:
         step_timeout: float | None = None
         while True:
             deadline = time.monotonic() + (timeout if step_timeout is None else step_timeout)
             while not buffered:
                 if self.outstanding < prefetch and not self._paused:
-                    buffered = self._claim(queues, prefetch - self.outstanding)
+                    buffered.extend(self._claim(queues, prefetch - self.outstanding))
                     if buffered:
                         break
                 remaining = deadline - time.monotonic()
@@ -132,6 +141,17 @@ class Broker(abc.ABC):
                 step_timeout = yield buffered.pop(0)
             else:
                 step_timeout = yield None
+
+    def _return_unhanded(self, buffered: list[Delivery]) -> None:
+        """A consume loop dropped with claims it never handed out returns them at once,
+        instead of leaving them leased until their lease expires."""
+        for delivery in buffered:
+            self._held(1)
+            try:
+                self.retry_later(delivery, 0.0)
+            except Exception as exc:  # noqa: BLE001 - best effort: the lease still expires
+                log.warning("could not give back an unused delivery from %s (%s); it returns "
+                            "when its lease expires", delivery.queue, exc)
 
     def _may_claim(self) -> bool:
         """Whether the consume loop would claim now: a `_wait` that says no should sleep

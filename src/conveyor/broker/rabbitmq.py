@@ -587,6 +587,10 @@ class RabbitMQBroker(Broker):
     """Quorum queues on RabbitMQ; see the module docstring for the design."""
 
     supports_priority = False
+    #: Guarantees of the seam this transport keeps differently (the suite skips them, saying why).
+    unsupported = {"dropped_loop_give_back": (
+        "deliveries RabbitMQ pushed to a consumer go back when it is paused, cancelled or its "
+        "connection closes, not when a consume loop is merely dropped")}
     weaker_guarantees = (
         "RabbitMQ: no priorities on quorum queues; a delivery held longer than the broker's "
         "consumer timeout is redelivered; other consumers' in-flight counts lag by ~5-10 s")
