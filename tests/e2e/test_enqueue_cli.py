@@ -15,29 +15,36 @@ def conveyor(*argv: str, env: dict[str, str]) -> subprocess.Popen[str]:
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def enqueue_and_drain(url: str, queue: str, *argv: str) -> tuple[int, list[str]]:
+    """Run `conveyor enqueue … --wait`, then a burst worker once the message is published
+    (a burst worker started first could find the queue empty and leave at once)."""
+    waiting = conveyor("enqueue", *argv, "-Q", queue, "--wait", "--timeout", "60",
+                       env=worker_env(url))
+    try:
+        assert waiting.stdout is not None
+        sent = waiting.stdout.readline()
+        finish(start_worker(url, queue))
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        waiting.communicate()
+    return waiting.returncode, [sent, *out.splitlines()] if sent else [err]
+
+
 def test_enqueue_wait_prints_the_outcome(tmp_path: Path, unique: str) -> None:
-    url = f"sqlite:///{tmp_path}/b.db"
-    env = worker_env(url)
-    waiting = conveyor("enqueue", "t.add", "-Q", unique, "--args", "[20, 22]", "--wait",
-                       "--timeout", "60", env=env)
-    worker = start_worker(url, unique)
-    out, err = waiting.communicate(timeout=60)
-    finish(worker)
-    assert waiting.returncode == 0, err
-    sent, final = (json.loads(line) for line in out.splitlines())
+    code, lines = enqueue_and_drain(f"sqlite:///{tmp_path}/b.db", unique, "t.add",
+                                    "--args", "[20, 22]")
+    assert code == 0, lines
+    sent, final = (json.loads(line) for line in lines)
     assert final["kind"] == "succeeded" and final["result"] == 42
     assert final["message_id"] == sent["id"]
 
 
 def test_enqueue_wait_fails_for_a_dead_letter(tmp_path: Path, unique: str) -> None:
-    url = f"sqlite:///{tmp_path}/b.db"
-    env = worker_env(url)
-    waiting = conveyor("enqueue", "t.unregistered", "-Q", unique, "--wait", env=env)
-    worker = start_worker(url, unique)
-    out, _ = waiting.communicate(timeout=60)
-    finish(worker)
-    assert waiting.returncode == 1
-    assert "unknown task" in json.loads(out.splitlines()[-1])["reason"]
+    code, lines = enqueue_and_drain(f"sqlite:///{tmp_path}/b.db", unique, "t.unregistered")
+    assert code == 1, lines
+    assert "unknown task" in json.loads(lines[-1])["reason"]
 
 
 def test_bad_json_args_are_one_readable_line(tmp_path: Path) -> None:
