@@ -70,5 +70,20 @@ def redact(url: str) -> str:
     return f"{scheme}://{user}:***@{host}" if ":" in creds else url
 
 
+def positive_option(options: dict[str, str], key: str, default: float, url: str) -> float:
+    """A positive number from a broker URL's query, or a ConfigError naming URL and key."""
+    raw = options.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"broker URL {redact(url)!r}: {key}={raw!r} must be a positive "
+                          "number")
+    return value
+
+
 __all__ = ["DEFAULT_LEASE_SECONDS", "Broker", "DeadLetter", "Delivery", "Depth", "data_dir",
-           "default_url", "from_url", "redact"]
+           "default_url", "from_url", "positive_option", "redact"]

@@ -64,7 +64,7 @@ from kombu import Consumer, Exchange, Producer, Queue
 from kombu.exceptions import OperationalError
 from kombu.message import Message as KombuMessage
 
-from conveyor.broker import redact
+from conveyor.broker import positive_option, redact
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
 
@@ -119,33 +119,19 @@ def parse_url(url: str) -> Settings:
                                                       if k not in OPTIONS])))
     options: dict[str, Any] = {}
     if "visibility_timeout" in ours:
-        options["visibility_timeout"] = _positive(ours, "visibility_timeout", url)
+        options["visibility_timeout"] = positive_option(ours, "visibility_timeout", 0.0, url)
     transport = parts.scheme.lower()
     prefix = ours.get("prefix", "")
     if transport in CONNECTION_BOUND:
         options["confirm_publish"] = True  # publish returns once the broker has the message
     if transport in REDIS and prefix:  # kombu prefixes every key, its bookkeeping too
         options["global_keyprefix"], prefix = prefix, ""
-    expires = _positive(ours, "queue_expires", url)
+    expires = positive_option(ours, "queue_expires", 0.0, url)
     return Settings(url=rest, transport=transport, prefix=prefix,
                     where=redact(url.split("?", 1)[0]),
-                    retry_seconds=_positive(ours, "retry_seconds", url, 30.0),
+                    retry_seconds=positive_option(ours, "retry_seconds", 30.0, url),
                     transport_options=options,
                     queue_arguments={"x-expires": int(expires * 1000)} if expires else {})
-
-
-def _positive(options: dict[str, str], key: str, url: str, default: float = 0.0) -> float:
-    raw = options.get(key)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ConfigError(f"kombu broker URL {redact(url)!r}: {key}={raw!r} must be a "
-                          "positive number of seconds")
-    return value
 
 
 def level_of(seconds: float) -> int:

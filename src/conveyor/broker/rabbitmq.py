@@ -135,7 +135,7 @@ import tenacity
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.spec import Basic, BasicProperties
 
-from conveyor.broker import redact
+from conveyor.broker import positive_option, redact
 from conveyor.broker.base import (
     DEFAULT_LEASE_SECONDS,
     WATCH_POLL_SECONDS,
@@ -225,24 +225,12 @@ def parse_url(url: str) -> Settings:
     return Settings(
         params=params, where=redact(url.split("?", 1)[0]), management=management,
         management_user=m_user, management_password=m_password,
-        delivery_limit=int(_number(ours, "delivery_limit", DEFAULT_DELIVERY_LIMIT, url)),
-        consumer_timeout=_number(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT, url),
-        reconnect_timeout=_number(ours, "reconnect_timeout", DEFAULT_RECONNECT_TIMEOUT, url))
-
-
-def _number(options: dict[str, str], key: str, default: float, url: str) -> float:
-    """A positive number option, or a ConfigError that names it."""
-    raw = options.get(key)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ConfigError(f"RabbitMQ URL {redact(url)!r}: {key}={raw!r} must be a positive "
-                          "number")
-    return value
+        delivery_limit=int(positive_option(ours, "delivery_limit", DEFAULT_DELIVERY_LIMIT,
+                                           url)),
+        consumer_timeout=positive_option(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT,
+                                         url),
+        reconnect_timeout=positive_option(ours, "reconnect_timeout",
+                                          DEFAULT_RECONNECT_TIMEOUT, url))
 
 
 def management_url(given: str | None, scheme: str, host: str, user: str,
