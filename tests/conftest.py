@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -33,6 +36,23 @@ def require_service(name: str) -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+
+
+@contextmanager
+def opened_brokers(url: str, factory: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+    """`make(url=…, **options)` opens a broker; every one opened is closed at the end."""
+    opened: list[Any] = []
+
+    def make(broker_url: str = url, **options: Any) -> Any:
+        broker = factory(broker_url, **options)
+        opened.append(broker)
+        return broker
+
+    try:
+        yield make
+    finally:
+        for broker in opened:
+            broker.close()
 
 
 @pytest.fixture

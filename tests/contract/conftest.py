@@ -21,6 +21,7 @@ from tests.conftest import (
     REDIS_URL,
     clean_transport,
     delete_redis_prefix,
+    opened_brokers,
     require_service,
 )
 
@@ -88,16 +89,8 @@ def broker_url(transport: str, tmp_path: Path, unique: str) -> str:
 @pytest.fixture
 def make_broker(broker_url: str) -> Iterator[Callable[..., Broker]]:
     """Open brokers on the test's URL; all are closed when the test ends."""
-    opened: list[Broker] = []
-
-    def make(**options: object) -> Broker:
-        broker = from_url(broker_url, **options)
-        opened.append(broker)
-        return broker
-
-    yield make
-    for broker in opened:
-        broker.close()
+    with opened_brokers(broker_url, from_url) as make:
+        yield make
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from psycopg import sql
 
 from conveyor.broker.postgres import POLL_FALLBACK, PostgresBroker, parse_url
 from conveyor.errors import BrokerError, ConfigError, LeaseLost
-from tests.conftest import POSTGRES_URL, require_service
+from tests.conftest import POSTGRES_URL, opened_brokers, require_service
 from tests.contract.conftest import ENV
 
 OpenBroker = Callable[..., PostgresBroker]
@@ -50,16 +50,8 @@ def pg_url(unique: str, made_schemas: list[str]) -> str:
 @pytest.fixture
 def open_broker(pg_url: str) -> Iterator[OpenBroker]:
     """Open brokers on the test's schema; all are closed when the test ends."""
-    opened: list[PostgresBroker] = []
-
-    def make(url: str = pg_url, **options: Any) -> PostgresBroker:
-        broker = PostgresBroker(url, **options)
-        opened.append(broker)
-        return broker
-
-    yield make
-    for broker in opened:
-        broker.close()
+    with opened_brokers(pg_url, PostgresBroker) as make:
+        yield make
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import redis
 from conveyor.broker import Delivery, Depth
 from conveyor.broker.redis import WAIT_CAP, RedisBroker, parse_url
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
-from tests.conftest import REDIS_URL, require_service
+from tests.conftest import REDIS_URL, opened_brokers, require_service
 
 HOST, PORT = "127.0.0.1", 6379
 MakeBroker = Callable[..., RedisBroker]
@@ -45,16 +45,8 @@ def url(unique: str) -> str:
 
 @pytest.fixture
 def make_broker(admin: redis.Redis, url: str) -> Iterator[MakeBroker]:
-    opened: list[RedisBroker] = []
-
-    def make(broker_url: str = url, **options: Any) -> RedisBroker:
-        broker = RedisBroker(broker_url, **options)
-        opened.append(broker)
-        return broker
-
-    yield make
-    for broker in opened:
-        broker.close()
+    with opened_brokers(url, RedisBroker) as make:
+        yield make
 
 
 @pytest.fixture

@@ -191,7 +191,8 @@ class Supervisor:
         except MessageError as exc:
             self._reject(delivery, f"bad message: {exc}")
             return
-        capped = over_delivery_cap(delivery.delivery_count, self._budget(message))
+        budget = self._budget(message)
+        capped = over_delivery_cap(delivery.delivery_count, budget)
         if capped is not None:
             self._reject(delivery, capped.reason, message)
             return
@@ -200,7 +201,7 @@ class Supervisor:
                                    f"--app registers it", message)
             return
         self.pending.append(Run(delivery, replace(message, deliveries=delivery.delivery_count),
-                                self._budget(message)))
+                                budget))
 
     def _budget(self, message: Message) -> Budget:
         c = self.config
