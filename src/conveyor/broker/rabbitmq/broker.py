@@ -1,53 +1,4 @@
-"""RabbitMQ transport: durable quorum queues over pika's `BlockingConnection`.
-
-Topology (declared on first use; every queue is durable and `x-queue-type=quorum`):
-
-* `<queue>`: the work queue. `x-delivery-limit` (default 25, `?delivery_limit=`) sits above
-  the worker's own cap of 20 deliveries as a backstop: a message returned more often than
-  that is dead-lettered by RabbitMQ itself (`x-dead-letter-exchange` "" with routing key
-  `<queue>.dead`, strategy at-least-once so the move cannot lose it).
-* `<queue>.dead`: dead letters. `dead_letter()` publishes the message there with its reason,
-  time and delivery count in headers, then acks the original. `dead_letters()` browses with
-  `basic.get` and puts everything back with one `basic.nack(multiple, requeue)`: order and
-  message ids (the dead letter ids) stay, nothing is copied. `requeue_dead()` publishes each
-  back to `<queue>` without the count header (a fresh count) and acks the dead copy;
-  `purge_dead()` acks (deletes) the chosen ones.
-* `<queue>.delay.<k>`: the delay ladder, below. The suffixes `.dead` and `.delay.<k>` are
-  reserved.
-
-Each of these is a quorum queue, a Raft group of its own: RabbitMQ 3.10 reserves about three
-file handles per quorum queue, so give the server a generous open-files limit (its docs ask
-for 65536; at 1024 a few hundred queues exhaust it and new connections hang).
-
-Publishing waits for a publisher confirm (the message is in the quorum log) and is
-`mandatory`, so a message can never vanish unrouted. Messages are persistent.
-
-**Priorities** are not supported: quorum queues on RabbitMQ 3.10 have none, so
-`supports_priority = False` and `priority` is ignored (the conformance suite skips its test).
-
-**Delivery count.** Quorum queues count returns in `x-delivery-count`; a copy published by
-`retry_later` starts a new broker count, so the copy carries the deliveries so far in
-`x-conveyor-deliveries`. `delivery_count = x-conveyor-deliveries + x-delivery-count + 1`.
-
-**Delays without plugins** (the delayed-message plugin is not part of RabbitMQ). A per-message
-TTL only expires at the head of its queue, so one delay queue would hold a short delay behind
-a long one. Instead each queue gets a ladder of delay levels, as in NServiceBus's delayed
-delivery: level `k` is the quorum queue `<queue>.delay.<k>` whose per-queue TTL is
-`0.25 s * 2**k` (one TTL per queue, so it is FIFO and expires in order), for k = 0..24. A delay
-is rounded *up* to whole quarter seconds (never early) and written in binary into the routing
-key, one word per level, highest first, then a token naming the destination:
-`0.0.….1.1.0.<token>`. A topic exchange per level (`conveyor.delay.<k>`) routes a message
-whose bit k is 1 into `<queue>.delay.<k>` and one whose bit k is 0 on to the next exchange
-down (an exchange-to-exchange binding). When the level's TTL expires, the message is
-dead-lettered (at-least-once) to the exchange one level down with the same key; level 0 and a
-0 at exchange 0 lead into `<queue>`. A message therefore waits exactly the sum of the levels
-of its 1 bits, walking down until due. Everything is durable on the broker; no consumer ever
-holds a delayed message. Levels are declared when a delay first needs them, so a queue only
-gets the levels its delays use (jittered retry delays touch most levels up to their size:
-expect 10-20 level queues for a queue that retries with backoff). The longest delay is
-about 97 days (each level's TTL is kept under 2**32 ms); longer ones raise `BrokerError`.
-Per-queue levels cost queues but are what makes `delayed` exact per queue; a ladder shared
-by all queues (NServiceBus's) would need only 25 but could only count delays vhost-wide.
+"""`RabbitMQBroker`: connection, declarations, publishing, consuming, settling, depth, admin.
 
 **Depth.** `ready`, `delayed` and `dead` are live: passive `queue.declare` of `<queue>`, of
 each existing `<queue>.delay.<k>` and of `<queue>.dead` (message counts: exact, except for a
@@ -76,15 +27,6 @@ nothing, and a multi-queue one pays one round trip per earlier queue only when i
 later one. A later-listed queue's buffer may hold up to `prefetch` messages while earlier
 queues keep the worker busy (RabbitMQ has no channel-wide prefetch on quorum queues).
 
-**Acks** are coalesced: every ack is a Raft command on a quorum queue, and acking a whole
-prefetch window with one `basic.ack(multiple=True)` drains several times faster than acking
-each message. Acks owed are sent when a window's worth is owed; when the window is full and
-the consumer is about to block (RabbitMQ sends nothing more until they arrive); after
-`ACK_DELAY` (5 ms) with nothing left to hand out; and before `extend_lease`, `depth` and
-`close`. A run of consecutive delivery tags goes as one multiple ack, the rest singly.
-`retry_later` and `dead_letter` send at once. An ack that never reached a broker that died
-just means a redelivery (at-least-once).
-
 **Draining.** After `pause()` the consumer cancels its consumers at its next broker call
 (a wait, an ack, a heartbeat) and hands back what it had buffered (nack, requeue; RabbitMQ
 counts that as a delivery), so other workers start those messages during the drain.
@@ -109,25 +51,15 @@ unacknowledged delivery (redelivered with `x-delivery-count`).
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import logging
-import math
 import os
-import re
 import socket
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TypeVar
-from urllib.error import HTTPError, URLError
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
-from urllib.request import Request, urlopen
 
 import pika
 import pika.exceptions as pex
@@ -135,7 +67,6 @@ import tenacity
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.spec import Basic, BasicProperties
 
-from conveyor.broker import positive_option, redact
 from conveyor.broker.base import (
     DEFAULT_LEASE_SECONDS,
     WATCH_POLL_SECONDS,
@@ -144,25 +75,41 @@ from conveyor.broker.base import (
     Delivery,
     Depth,
 )
-from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+from conveyor.broker.rabbitmq.headers import (
+    DEAD_AT_HEADER,
+    DELIVERIES_HEADER,
+    REASON_HEADER,
+    clip_reason,
+    dead_id,
+    dead_letter_of,
+    delivery_count,
+    parse_version,
+    properties,
+)
+from conveyor.broker.rabbitmq.ladder import (
+    dead_arguments,
+    dead_queue,
+    delay_key,
+    delay_units,
+    destination_token,
+    level_arguments,
+    level_exchange,
+    level_pattern,
+    level_queue,
+    queue_arguments,
+    set_levels,
+    validate_queue_name,
+)
+from conveyor.broker.rabbitmq.ledger import Receipt, Subscription
+from conveyor.broker.rabbitmq.management import ManagementAPI
+from conveyor.broker.rabbitmq.settings import parse_url
+from conveyor.errors import BrokerConnectionError, BrokerError, LeaseLost
 
 LOG = logging.getLogger("conveyor.broker.rabbitmq")
 T = TypeVar("T")
 
-DELIVERIES_HEADER = "x-conveyor-deliveries"
-REASON_HEADER = "x-conveyor-reason"
-DEAD_AT_HEADER = "x-conveyor-dead-at"
-#: The delay ladder: level k waits DELAY_UNIT_MS * 2**k; the top level's TTL fits 2**32 ms.
-DELAY_UNIT_MS = 250
-DELAY_LEVELS = 25
-MAX_DELAY = ((1 << DELAY_LEVELS) - 1) * DELAY_UNIT_MS / 1000
-DEFAULT_DELIVERY_LIMIT = 25
-DEFAULT_CONSUMER_TIMEOUT = 3600.0
-DEFAULT_RECONNECT_TIMEOUT = 60.0
 #: The first RabbitMQ release that honours the per-queue x-consumer-timeout argument.
 PER_QUEUE_TIMEOUT_SINCE = (3, 12)
-#: Headers travel in one frame (128 KiB by default): longer reasons are cut.
-MAX_REASON_BYTES = 16 * 1024
 #: How long a management listing (delay levels, others' in-flight) is reused.
 LISTING_TTL = 1.0
 #: How long a consumer with owed acks and free prefetch waits for more deliveries before it
@@ -177,358 +124,12 @@ WAIT_SLICE = 0.5
 VANISH_SECONDS = 1.0
 #: How long depth waits for a new queue's first statistics from the management plugin.
 STATISTICS_WAIT = 20.0
-#: Queue names leave room for the reserved suffixes inside AMQP's 255-byte limit.
-MAX_QUEUE_NAME_BYTES = 200
 #: What to retry after reconnecting. Login and permission failures are not among them.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     pex.AMQPConnectionError, pex.ChannelWrongStateError)
 LOGIN_ERRORS: tuple[type[BaseException], ...] = (
     pex.AuthenticationError, pex.ProbableAuthenticationError, pex.ProbableAccessDeniedError)
 
-
-# -- configuration ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Settings:
-    """A parsed `amqp://` URL: pika's parameters plus Conveyor's own query options."""
-
-    params: pika.URLParameters
-    where: str
-    management: str
-    management_user: str
-    management_password: str
-    delivery_limit: int
-    consumer_timeout: float
-    reconnect_timeout: float
-
-
-OPTIONS = ("management", "delivery_limit", "consumer_timeout", "reconnect_timeout")
-
-
-def parse_url(url: str) -> Settings:
-    """Split Conveyor's options off the URL (pika rejects unknown ones) and parse the rest."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in OPTIONS}
-    amqp_url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query
-                                                          if k not in OPTIONS])))
-    try:
-        params = pika.URLParameters(amqp_url)
-    except ValueError as exc:
-        raise ConfigError(f"RabbitMQ URL {redact(url)!r} is not valid: {exc}") from exc
-    creds = params.credentials
-    user = getattr(creds, "username", "guest")
-    password = getattr(creds, "password", "guest")
-    management, m_user, m_password = management_url(ours.get("management"), parts.scheme,
-                                                    params.host, user, password)
-    return Settings(
-        params=params, where=redact(url.split("?", 1)[0]), management=management,
-        management_user=m_user, management_password=m_password,
-        delivery_limit=int(positive_option(ours, "delivery_limit", DEFAULT_DELIVERY_LIMIT,
-                                           url)),
-        consumer_timeout=positive_option(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT,
-                                         url),
-        reconnect_timeout=positive_option(ours, "reconnect_timeout",
-                                          DEFAULT_RECONNECT_TIMEOUT, url))
-
-
-def management_url(given: str | None, scheme: str, host: str, user: str,
-                   password: str) -> tuple[str, str, str]:
-    """(base URL without credentials, user, password) of the management HTTP API."""
-    if not given:
-        secure = scheme.lower() == "amqps"
-        host = f"[{host}]" if ":" in host else host
-        return f"{'https' if secure else 'http'}://{host}:{15671 if secure else 15672}", \
-            user, password
-    parts = urlsplit(given)
-    netloc = parts.hostname or "localhost"
-    netloc = f"[{netloc}]" if ":" in netloc else netloc
-    if parts.port:
-        netloc += f":{parts.port}"
-    base = urlunsplit((parts.scheme or "http", netloc, parts.path.rstrip("/"), "", ""))
-    return base, parts.username or user, parts.password or password
-
-
-# -- names, arguments, the delay ladder ----------------------------------------------------
-
-
-def dead_queue(queue: str) -> str:
-    return f"{queue}.dead"
-
-
-def level_queue(queue: str, level: int) -> str:
-    return f"{queue}.delay.{level}"
-
-
-def level_exchange(level: int) -> str:
-    return f"conveyor.delay.{level}"
-
-
-def destination_token(queue: str) -> str:
-    """One routing-key word naming `queue`: a hash, so dots or `*`/`#` in names are harmless."""
-    return hashlib.blake2b(queue.encode(), digest_size=10).hexdigest()
-
-
-def delay_units(delay: float) -> int:
-    """`delay` seconds in ladder units, rounded up so a message is never early."""
-    if delay <= 0:
-        return 0
-    if delay > MAX_DELAY:
-        raise BrokerError(f"a delay of {delay:.0f} s is longer than RabbitMQ's delay ladder "
-                          f"allows ({MAX_DELAY:.0f} s, about 97 days): schedule it instead")
-    return max(1, math.ceil(delay * 1000 / DELAY_UNIT_MS))
-
-
-def delay_key(units: int, queue: str) -> str:
-    """The routing key: one word per level, highest first, then the destination token."""
-    return ".".join(format(units, f"0{DELAY_LEVELS}b")) + "." + destination_token(queue)
-
-
-def level_pattern(level: int, bit: str, tail: str) -> str:
-    """Binding key matching bit `level` == `bit`, any other bits, then `tail`."""
-    words = ["*"] * DELAY_LEVELS
-    words[DELAY_LEVELS - 1 - level] = bit
-    return ".".join([*words, tail])
-
-
-def set_levels(units: int) -> list[int]:
-    return [k for k in range(units.bit_length()) if units >> k & 1]
-
-
-def queue_arguments(queue: str, delivery_limit: int, consumer_timeout: float) -> dict[str, Any]:
-    return {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit,
-            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead_queue(queue),
-            "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
-            "x-consumer-timeout": int(consumer_timeout * 1000)}
-
-
-def dead_arguments() -> dict[str, Any]:
-    # Browsing returns dead letters with a nack, which counts as a delivery: RabbitMQ 4 caps
-    # quorum queues at 20 by default, so lift the cap explicitly (harmless on 3.x).
-    return {"x-queue-type": "quorum", "x-delivery-limit": 2**31 - 1}
-
-
-def level_arguments(queue: str, level: int) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "x-queue-type": "quorum", "x-message-ttl": DELAY_UNIT_MS << level,
-        "x-dead-letter-exchange": level_exchange(level - 1) if level else "",
-        "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
-    if level == 0:
-        args["x-dead-letter-routing-key"] = queue
-    return args
-
-
-def validate_queue_name(queue: str) -> None:
-    size = len(queue.encode())
-    if not queue or size > MAX_QUEUE_NAME_BYTES or queue.startswith("amq."):
-        raise BrokerError(f"queue name {queue!r} cannot be used on RabbitMQ: it must be 1 to "
-                          f"{MAX_QUEUE_NAME_BYTES} bytes and not start with 'amq.'")
-
-
-# -- headers --------------------------------------------------------------------------------
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def delivery_count(headers: dict[str, Any]) -> int:
-    """Deliveries carried by earlier copies + RabbitMQ's returns of this copy + this one."""
-    return _int(headers.get(DELIVERIES_HEADER)) + _int(headers.get("x-delivery-count")) + 1
-
-
-def clip_reason(reason: str) -> str:
-    data = reason.encode()
-    if len(data) <= MAX_REASON_BYTES:
-        return reason
-    return data[:MAX_REASON_BYTES].decode("utf-8", "ignore") + " …(truncated)"
-
-
-def properties(message_id: str | None, headers: dict[str, Any] | None) -> BasicProperties:
-    return BasicProperties(delivery_mode=pika.DeliveryMode.Persistent,
-                           message_id=message_id or uuid.uuid4().hex, headers=headers or None)
-
-
-def parse_version(raw: Any) -> tuple[int, ...]:
-    numbers = re.findall(r"\d+", _text(raw))[:3]
-    return tuple(int(n) for n in numbers)
-
-
-# -- the management API ---------------------------------------------------------------------
-
-
-class ManagementAPI:
-    """The one management-plugin call depth needs: a queue family's names and unacked counts.
-
-    Only the management plugin knows how many deliveries other connections hold; AMQP does
-    not say. Stdlib urllib keeps the transport free of an HTTP client dependency.
-    """
-
-    def __init__(self, base: str, user: str, password: str, vhost: str,
-                 timeout: float = 5.0) -> None:
-        self.base = base
-        self.user = user
-        self.vhost = vhost
-        self.timeout = timeout
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        self._auth = f"Basic {token}"
-
-    def queue_family(self, queue: str) -> dict[str, dict[str, Any]]:
-        """`queue`, its dead queue and its delay levels that exist: name -> statistics."""
-        pattern = f"^{re.escape(queue)}(\\.dead|\\.delay\\.[0-9]+)?$"
-        # The name filter only applies to a paginated listing; a family has < 30 queues.
-        query = urlencode({"name": pattern, "use_regex": "true", "page": 1, "page_size": 500,
-                           "columns": "name,messages_unacknowledged"})
-        page = self._get(f"/api/queues/{quote(self.vhost, safe='')}?{query}", queue)
-        rows = page.get("items", []) if isinstance(page, dict) else page
-        family = re.compile(pattern)  # and filter here too, whatever the server did
-        return {row["name"]: row for row in rows
-                if isinstance(row, dict) and family.match(str(row.get("name", "")))}
-
-    def _get(self, path: str, queue: str) -> Any:
-        request = Request(self.base + path, headers={"Authorization": self._auth})
-        try:
-            with urlopen(request, timeout=self.timeout) as response:
-                return json.load(response)
-        except HTTPError as exc:
-            exc.close()
-            raise BrokerError(self._http_problem(exc.code, queue)) from exc
-        except (URLError, OSError, ValueError) as exc:
-            raise BrokerError(
-                f"cannot count in-flight messages of queue {queue!r}: the RabbitMQ management "
-                f"API at {self.base} is unreachable ({exc}). RabbitMQ reports unacknowledged "
-                "deliveries only through its management plugin: enable it with "
-                "`rabbitmq-plugins enable rabbitmq_management`, or point the broker URL's "
-                "?management=http://host:15672 at it") from exc
-
-    def _http_problem(self, status: int, queue: str) -> str:
-        if status in (401, 403):
-            return (f"the RabbitMQ management API at {self.base} refused user {self.user!r} "
-                    f"(HTTP {status}) while measuring queue {queue!r}: give the user the "
-                    f"'monitoring' tag (rabbitmqctl set_user_tags {self.user} monitoring) and "
-                    f"access to vhost {self.vhost!r}")
-        return (f"the RabbitMQ management API at {self.base} answered HTTP {status} while "
-                f"measuring queue {queue!r} in vhost {self.vhost!r}")
-
-
-# -- consumer bookkeeping -------------------------------------------------------------------
-
-
-@dataclass
-class Receipt:
-    """What settling a delivery needs: its channel generation, tag and consumer identity."""
-
-    epoch: int
-    tag: int
-    consumer: str
-    message_id: str | None
-    done: bool = False
-
-
-class AckLedger:
-    """The delivery tags of one channel that RabbitMQ still counts as unacknowledged.
-
-    `owed` tags are settled here but their ack is not sent yet. `flush` sends a run of
-    consecutive resolved tags just above `floor` as one `basic.ack(multiple=True)` and the
-    rest one by one. Tags are consecutive per channel (every deliver and get-ok takes the
-    next), so a tag this ledger has not seen stops the run: it may be a delivery pika has not
-    dispatched yet, which multiple=True would ack unprocessed. The exception is a tag below the
-    highest consumer delivery dispatched: pika dispatches in tag order, so such a tag was
-    rejected by pika itself when a consumer was cancelled.
-    """
-
-    def __init__(self) -> None:
-        self.floor = 0
-        self.unacked: dict[int, tuple[str, str]] = {}  # tag -> (queue, consumer identity)
-        self.owed: set[int] = set()
-        self.resolved: set[int] = set()
-        self.dispatched = 0
-
-    def add(self, tag: int, queue: str, consumer: str, pushed: bool) -> None:
-        self.unacked[tag] = (queue, consumer)
-        if pushed:
-            self.dispatched = max(self.dispatched, tag)
-
-    def settle(self, tag: int) -> None:
-        if tag in self.unacked:
-            self.owed.add(tag)
-
-    def drop(self, tag: int) -> None:
-        """The tag was nacked: it no longer counts, and a run may pass over it."""
-        self.unacked.pop(tag, None)
-        self.owed.discard(tag)
-        self.resolved.add(tag)
-
-    def _passable(self, tag: int) -> bool:
-        if tag in self.owed or tag in self.resolved:
-            return True
-        return tag not in self.unacked and tag < self.dispatched
-
-    def flush(self, send: Callable[[int, bool], None]) -> None:
-        """Send every owed ack: the run above `floor` as one, the others singly."""
-        if not self.owed:
-            return
-        tag = self.floor + 1
-        run: list[int] = []
-        while self._passable(tag):
-            if tag in self.owed:
-                run.append(tag)
-            tag += 1
-        if run:
-            send(run[-1], len(run) > 1)
-        for done in range(self.floor + 1, tag):
-            self.unacked.pop(done, None)
-            self.owed.discard(done)
-            self.resolved.discard(done)
-        self.floor = max(self.floor, tag - 1)
-        for single in sorted(self.owed):
-            send(single, False)
-            self.unacked.pop(single, None)
-            self.resolved.add(single)
-        self.owed.clear()
-
-    def in_flight(self, queue: str) -> int:
-        return sum(1 for q, _ in self.unacked.values() if q == queue)
-
-    def consumers(self, queue: str) -> set[str]:
-        return {c for q, c in self.unacked.values() if q == queue}
-
-
-@dataclass
-class Subscription:
-    """One consuming channel: its consumers, what they delivered, and the acks owed."""
-
-    channel: BlockingChannel
-    epoch: int
-    queues: list[str] = field(default_factory=list)
-    prefetch: int = 1
-    tags: dict[str, str] = field(default_factory=dict)  # queue -> consumer tag
-    buffers: dict[str, deque[Delivery]] = field(default_factory=dict)
-    ledger: AckLedger = field(default_factory=AckLedger)
-    lost: bool = False
-    cancelled: bool = False
-
-    @property
-    def credit_left(self) -> bool:
-        """Whether RabbitMQ may still push: owed acks count against prefetch until sent."""
-        return len(self.ledger.unacked) < self.prefetch
-
-    def own_consumers(self, queue: str) -> int:
-        """How many of the queue's consumers RabbitMQ would count for this channel."""
-        ids = self.ledger.consumers(queue)
-        if queue in self.tags:
-            ids.add(self.tags[queue])
-        return len(ids)
 
 
 def backoff_strategy(initial: float = 0.2, maximum: float = 10.0) -> Any:
@@ -1369,46 +970,6 @@ def _drain(channel: BlockingChannel,
         if method is None or props is None or body is None:
             return
         yield method, props, body
-
-
-def dead_id(props: BasicProperties, body: bytes) -> str:
-    """A stable id for a dead letter: its message id (Conveyor always sets one)."""
-    if props.message_id:
-        return str(props.message_id)
-    return hashlib.sha256(body).hexdigest()[:32]
-
-
-def dead_letter_of(queue: str, method: Basic.GetOk, props: BasicProperties,
-                   body: bytes) -> DeadLetter:
-    """A DeadLetter from our headers, or from RabbitMQ's x-death when it dead-lettered."""
-    headers = props.headers or {}
-    reason = _text(headers.get(REASON_HEADER))
-    dead_at = headers.get(DEAD_AT_HEADER)
-    count = _int(headers.get(DELIVERIES_HEADER))
-    if not reason:  # RabbitMQ's own dead-lettering: over the delivery limit
-        why = _text(headers.get("x-first-death-reason")) or "unknown"
-        reason = f"RabbitMQ dead-lettered it ({why}): returned more often than the queue's " \
-                 "x-delivery-limit"
-        dead_at = _death_time(headers)
-        count += _int(headers.get("x-delivery-count"))
-    return DeadLetter(id=dead_id(props, body), queue=queue, body=body, reason=reason,
-                      dead_at=_float(dead_at), delivery_count=max(1, count))
-
-
-def _float(value: Any) -> float:
-    """A float from a header (pika has no float type on the wire: we send text)."""
-    try:
-        return float(_text(value) if isinstance(value, bytes) else value or 0.0)
-    except (TypeError, ValueError):
-        return 0.0
-
-
-def _death_time(headers: dict[str, Any]) -> float:
-    deaths = headers.get("x-death") or []
-    stamp = deaths[0].get("time") if deaths and isinstance(deaths[0], dict) else None
-    if isinstance(stamp, datetime):  # pika decodes AMQP timestamps as naive UTC
-        return stamp.replace(tzinfo=stamp.tzinfo or UTC).timestamp()
-    return float(stamp) if isinstance(stamp, int | float) else 0.0
 
 
 def _close_quietly(channel: BlockingChannel) -> None:

@@ -1,0 +1,73 @@
+"""The management-plugin client: the one call `depth` needs (a queue family's unacked counts).
+
+AMQP has no unacked count: only the management plugin knows how many deliveries other
+connections hold. `depth` asks it only when other connections consume the queue (see
+`broker`); RabbitMQ refreshes these statistics every few seconds. Stdlib urllib keeps the
+transport free of an HTTP client dependency.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote, urlencode
+from urllib.request import Request, urlopen
+
+from conveyor.errors import BrokerError
+
+
+class ManagementAPI:
+    """The one management-plugin call depth needs: a queue family's names and unacked counts.
+
+    Only the management plugin knows how many deliveries other connections hold; AMQP does
+    not say. Stdlib urllib keeps the transport free of an HTTP client dependency.
+    """
+
+    def __init__(self, base: str, user: str, password: str, vhost: str,
+                 timeout: float = 5.0) -> None:
+        self.base = base
+        self.user = user
+        self.vhost = vhost
+        self.timeout = timeout
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._auth = f"Basic {token}"
+
+    def queue_family(self, queue: str) -> dict[str, dict[str, Any]]:
+        """`queue`, its dead queue and its delay levels that exist: name -> statistics."""
+        pattern = f"^{re.escape(queue)}(\\.dead|\\.delay\\.[0-9]+)?$"
+        # The name filter only applies to a paginated listing; a family has < 30 queues.
+        query = urlencode({"name": pattern, "use_regex": "true", "page": 1, "page_size": 500,
+                           "columns": "name,messages_unacknowledged"})
+        page = self._get(f"/api/queues/{quote(self.vhost, safe='')}?{query}", queue)
+        rows = page.get("items", []) if isinstance(page, dict) else page
+        family = re.compile(pattern)  # and filter here too, whatever the server did
+        return {row["name"]: row for row in rows
+                if isinstance(row, dict) and family.match(str(row.get("name", "")))}
+
+    def _get(self, path: str, queue: str) -> Any:
+        request = Request(self.base + path, headers={"Authorization": self._auth})
+        try:
+            with urlopen(request, timeout=self.timeout) as response:
+                return json.load(response)
+        except HTTPError as exc:
+            exc.close()
+            raise BrokerError(self._http_problem(exc.code, queue)) from exc
+        except (URLError, OSError, ValueError) as exc:
+            raise BrokerError(
+                f"cannot count in-flight messages of queue {queue!r}: the RabbitMQ management "
+                f"API at {self.base} is unreachable ({exc}). RabbitMQ reports unacknowledged "
+                "deliveries only through its management plugin: enable it with "
+                "`rabbitmq-plugins enable rabbitmq_management`, or point the broker URL's "
+                "?management=http://host:15672 at it") from exc
+
+    def _http_problem(self, status: int, queue: str) -> str:
+        if status in (401, 403):
+            return (f"the RabbitMQ management API at {self.base} refused user {self.user!r} "
+                    f"(HTTP {status}) while measuring queue {queue!r}: give the user the "
+                    f"'monitoring' tag (rabbitmqctl set_user_tags {self.user} monitoring) and "
+                    f"access to vhost {self.vhost!r}")
+        return (f"the RabbitMQ management API at {self.base} answered HTTP {status} while "
+                f"measuring queue {queue!r} in vhost {self.vhost!r}")
