@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conveyor.task import task
+from conveyor.tasks import task
 
 PEERS = Path(os.environ.get("PEERS_DIR", Path(__file__).resolve().parents[2] / "shared/peers"))
 RESULTS = Path(os.environ.get("PEERS_RESULTS", "/tmp/peers-results"))

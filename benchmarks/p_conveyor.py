@@ -15,7 +15,7 @@ import common  # type: ignore[import-not-found]
 
 from conveyor import broker as brokers
 from conveyor.client import Client
-from conveyor.task import task
+from conveyor.tasks import task
 
 QUEUE = "bench"
 URLS = {

@@ -3,6 +3,51 @@
 A scheduler decides what runs and when, brokers carry work to named queues, workers run
 each task in an isolated, memory-capped, non-dumpable process, and an autoscaler decides
 how many workers exist.
+
+The public API, everything a task module or a DAG file needs:
+
+    from conveyor import DAG, Retry, task
+
+Every worker process (supervisor, zygote, runners) imports this package first, so it only
+names light modules: the scheduler's daemon, the brokers' client libraries, croniter and
+kubernetes are imported by the commands that use them (`benchmarks/worker_footprint.py`
+measures what this costs a worker).
 """
 
+from conveyor.client import Client
+from conveyor.config import Settings
+from conveyor.errors import (
+    BrokerConnectionError,
+    BrokerError,
+    ConfigError,
+    ConveyorError,
+    MessageError,
+    UnknownTask,
+)
+from conveyor.message import Message
+from conveyor.scheduler.dag import DAG, TaskNode
+from conveyor.scheduler.errors import DagError
+from conveyor.tasks import Retry, SoftTimeLimitExceeded, Task, TaskOptions, task
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DAG",
+    "BrokerConnectionError",
+    "BrokerError",
+    "Client",
+    "ConfigError",
+    "ConveyorError",
+    "DagError",
+    "Message",
+    "MessageError",
+    "Retry",
+    "Settings",
+    "SoftTimeLimitExceeded",
+    "Task",
+    "TaskNode",
+    "TaskOptions",
+    "UnknownTask",
+    "__version__",
+    "task",
+]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conveyor import broker as brokers
-from conveyor.broker import Broker
 from conveyor.config import Settings
 from conveyor.message import Codec, Message
+
+if TYPE_CHECKING:
+    from conveyor.broker import Broker
 
 
 class Client:
@@ -22,6 +23,12 @@ class Client:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Client:
+        """A client on the settings' broker, signing with their key.
+
+        The broker package is imported here, not at the top: `Client` is part of the public
+        API that every worker process imports, and a runner never opens a broker.
+        """
+        from conveyor import broker as brokers
         return cls(brokers.from_url(settings.broker_url), settings.codec())
 
     def enqueue(self, message: Message, delay: float = 0.0) -> Message:

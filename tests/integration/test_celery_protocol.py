@@ -19,7 +19,7 @@ from conveyor.celery_intake.feed import Feed
 from conveyor.celery_intake.protocol import Accepted, CeleryMessage, Rejected, convert
 from conveyor.client import Client
 from conveyor.message import Codec
-from conveyor.task import Task, TaskOptions
+from conveyor.tasks import Task, TaskOptions
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 ADD = Task(lambda a, b: a + b, TaskOptions(name="t.add", max_retries=5, time_limit=99))

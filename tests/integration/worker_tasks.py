@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from conveyor.task import Retry, SoftTimeLimitExceeded, task
+from conveyor.tasks import Retry, SoftTimeLimitExceeded, task
 
 
 @task(name="t.noop")

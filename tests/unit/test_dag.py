@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from conveyor.scheduler import DAG, DagError
-from conveyor.task import task
+from conveyor.tasks import task
 
 
 def line_here() -> int:

@@ -31,7 +31,7 @@ from conveyor.broker import redact
 from conveyor.celery_intake.protocol import Accepted, CeleryMessage, Rejected, convert
 from conveyor.client import Client
 from conveyor.errors import ConfigError, MessageError
-from conveyor.task import Task
+from conveyor.tasks import Task
 
 log = logging.getLogger("conveyor.celery_intake")
 

@@ -27,7 +27,7 @@ from conveyor.celery_intake.results import RedisResults
 from conveyor.client import Client
 from conveyor.errors import BrokerConnectionError, ConfigError, ConveyorError
 from conveyor.message import Codec
-from conveyor.task import REGISTRY, Task
+from conveyor.tasks import REGISTRY, Task
 
 log = logging.getLogger("conveyor.celery_intake")
 JOIN_SECONDS = 15.0

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from conveyor.message import Message
-from conveyor.task import Task
+from conveyor.tasks import Task
 
 #: Content types Celery's other serializers use, by the name people know them by.
 SERIALIZERS = {

@@ -33,7 +33,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.executors import Executor
 from conveyor.scheduler.executors.queue import QueueExecutor
-from conveyor.task import REGISTRY
+from conveyor.tasks import REGISTRY
 
 log = logging.getLogger("conveyor.scheduler")
 

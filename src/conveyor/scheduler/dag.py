@@ -26,9 +26,8 @@ from typing import Any
 
 from conveyor.config import parse_size
 from conveyor.errors import ConveyorError
-from conveyor.scheduler import cron
 from conveyor.scheduler.errors import DagError, Location
-from conveyor.task import Task
+from conveyor.tasks import Task
 
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$")
 _PACKAGE_DIR = str(Path(__file__).parent)
@@ -164,6 +163,17 @@ def _nodes(other: TaskNode | Sequence[TaskNode]) -> list[TaskNode]:
     return items
 
 
+def _schedule_problem(expr: str, timezone: str) -> str:
+    """Why `expr` cannot be a schedule ("" when it can).
+
+    The cron module (croniter, dateutil) is imported here, not at the top: `DAG` is part of
+    the package's public API, so every worker process imports this module, and only a DAG
+    with a schedule needs croniter.
+    """
+    from conveyor.scheduler import cron
+    return cron.problem(expr, timezone)
+
+
 class DAG:
     """A named set of tasks with dependencies, optionally run on a cron schedule."""
 
@@ -173,7 +183,7 @@ class DAG:
         if not isinstance(dag_id, str) or not _ID.match(dag_id):
             raise DagError(self.location, f"DAG id {dag_id!r} must be 1-200 letters, digits, "
                                           "'_', '.' or '-'")
-        if schedule is not None and (why := cron.problem(schedule, timezone)):
+        if schedule is not None and (why := _schedule_problem(schedule, timezone)):
             raise DagError(self.location, f"DAG {dag_id!r}: {why}")
         self.dag_id = dag_id
         self.schedule = schedule
@@ -199,7 +209,7 @@ class DAG:
             name, default_id, layer = task, task.rsplit(".", 1)[-1], {}
         else:
             raise DagError(where, f"{task!r} is not a registered task: decorate the function "
-                                  "with @conveyor.task.task, or pass the task's name")
+                                  "with @conveyor.task, or pass the task's name")
         base = checked_options(Options(), layer, where)
         return self._add(id or default_id, name, (), args, kwargs, upstream, base, options, where)
 

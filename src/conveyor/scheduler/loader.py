@@ -32,7 +32,9 @@ class Loaded:
 def load_folder(folder: str | Path, executors: Sequence[str] = ()) -> Loaded:
     """Load every DAG file in `folder` (not recursive; files starting with '_' skipped).
 
-    The folder joins `sys.path`, as in Airflow, so DAG files can import modules beside them.
+    The folder joins `sys.path`, as in Airflow, so DAG files can import modules beside them,
+    and so does the current directory, from which `conveyor worker --app` imports the task
+    modules: a DAG file imports them the same way (`from billing.tasks import ...`).
     """
     loaded = Loaded()
     root = Path(folder)
@@ -40,8 +42,9 @@ def load_folder(folder: str | Path, executors: Sequence[str] = ()) -> Loaded:
         loaded.errors.append(DagError(None, f"DAGs folder {str(root)!r} does not exist: pass "
                                             "--dags-folder or set CONVEYOR_DAGS_FOLDER"))
         return loaded
-    if str(root.resolve()) not in sys.path:
-        sys.path.append(str(root.resolve()))   # DAG files may import helpers next to them
+    for importable in (root.resolve(), Path.cwd()):
+        if str(importable) not in sys.path:
+            sys.path.append(str(importable))
     for path in sorted(root.glob("*.py")):
         if not path.name.startswith("_"):
             _add_file(loaded, path, executors)

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from conveyor.errors import UnknownTask
-from conveyor.task import Retry, SoftTimeLimitExceeded, lookup
+from conveyor.tasks import Retry, SoftTimeLimitExceeded, lookup
 from conveyor.worker import isolation, protocol
 
 

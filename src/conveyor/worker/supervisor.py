@@ -30,7 +30,7 @@ from conveyor.errors import ConveyorError, LeaseLost, MessageError
 from conveyor.events import Event
 from conveyor.message import Codec, Message
 from conveyor.metrics import WorkerMetrics
-from conveyor.task import REGISTRY
+from conveyor.tasks import REGISTRY
 from conveyor.worker import cgroups
 from conveyor.worker.isolation import scrub_environment
 from conveyor.worker.outcome import (

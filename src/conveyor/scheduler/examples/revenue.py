@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from conveyor.scheduler.dag import DAG
-from conveyor.task import task
+from conveyor.tasks import task
 
 TASKS = ("extract_orders", "extract_payments", "clean_orders", "clean_payments",
          "aggregate_revenue", "load_dashboard")

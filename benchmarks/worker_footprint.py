@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Idle worker footprint: PSS of every process of a `conveyor worker` tree, and import cost.
+
+    .venv/bin/python benchmarks/worker_footprint.py --slots 2
+
+Starts a worker on a private embedded SQLite queue, waits until its process tree (supervisor,
+zygote, one lane per slot, warm runners) stops growing, then prints each process's PSS and the
+total. PSS splits shared pages between the processes sharing them, so the total is what the
+tree costs the machine. Also prints `import conveyor`'s time and the modules it loads, since
+every worker process imports the package first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def tree(root: int) -> list[int]:
+    """`root` and its descendants, parents first."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        found.append(pid)
+        for thread in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (thread / "children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def memory_kib(pid: int, field: str) -> int:
+    """One field of /proc/PID/smaps_rollup (Pss, Rss) in KiB."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    match = re.search(rf"^{field}:\s+(\d+) kB", rollup, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def settled_tree(root: int, expected: int, timeout: float = 30.0) -> list[int]:
+    """Wait until the tree has `expected` processes (the lanes' warm runners are forked)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = tree(root)
+        if len(pids) >= expected:
+            return pids
+        time.sleep(0.05)
+    raise SystemExit(f"the worker's tree has {len(tree(root))} processes, expected {expected}")
+
+
+def describe(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:70]
+
+
+def import_cost() -> None:
+    probe = ("import sys, time; t = time.perf_counter(); import conveyor; "
+             "print(f'{(time.perf_counter() - t) * 1000:.1f} ms', len(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True).stdout.split()
+    bare = subprocess.run([sys.executable, "-c", "import sys; print(len(sys.modules))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    print(f"import conveyor: {out[0]} {out[1]}, {int(out[2]) - int(bare)} modules beyond "
+          "the interpreter's own")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--warm", type=int, default=2, help="the pool's warm runners per lane")
+    args = parser.parse_args()
+    import_cost()
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "CONVEYOR_HOME": home}
+        worker = subprocess.Popen(
+            [str(BIN / "conveyor"), "worker", "-c", str(args.slots), "-Q", "footprint"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            pids = settled_tree(worker.pid, 2 + args.slots * (1 + args.warm))
+            time.sleep(1.0)   # let start-up garbage settle; the tree is complete already
+            total = 0
+            for pid in tree(worker.pid):
+                kib = memory_kib(pid, "Pss")
+                total += kib
+                print(f"  {pid:>7} PSS {kib / 1024:5.1f} MiB  RSS "
+                      f"{memory_kib(pid, 'Rss') / 1024:5.1f} MiB  {describe(pid)}")
+            print(f"{len(pids)} processes, {total / 1024:.1f} MiB PSS in all")
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
