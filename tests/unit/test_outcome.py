@@ -95,3 +95,14 @@ def test_delivery_cap() -> None:
     assert over_delivery_cap(20, BUDGET) is None
     capped = over_delivery_cap(21, BUDGET)
     assert capped is not None and capped.verb == "dead_letter" and "21 times" in capped.reason
+
+
+@pytest.mark.parametrize("status, kind", [(71 << 8, "failed"), (SIGKILLED, "killed"),
+                                          (None, "lost")])
+def test_a_runner_that_dies_unreported_is_quoted(status: int | None, kind: str) -> None:
+    """Why it died (e.g. a failed setresuid) is in the reason, not only an exit code."""
+    words = "runner 7 cannot isolate itself: setresuid(1000) failed with EPERM"
+    outcome = classify(Facts(None, status, last_words=words))
+    assert outcome.kind == kind
+    assert outcome.reason.endswith(f"its last output: {words}")
+    assert "its last output" not in classify(Facts(None, status)).reason

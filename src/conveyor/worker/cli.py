@@ -17,6 +17,7 @@ from typing import Any
 from conveyor import broker as brokers
 from conveyor.config import Settings, env_flag, parse_size
 from conveyor.errors import ConfigError
+from conveyor.worker.isolation import make_non_dumpable, resolve_task_user
 from conveyor.worker.registry import Registry, state_url_for
 from conveyor.worker.supervisor import Supervisor, WorkerConfig
 
@@ -62,9 +63,11 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
              help="hard time limit in seconds: the runner is killed (0: none)")
     env_flag(p, "--soft-time-limit", env="CONVEYOR_SOFT_TIME_LIMIT", default=0.0, kind=float,
              help="soft time limit in seconds: SoftTimeLimitExceeded is raised in the task")
-    env_flag(p, "--uid", env="CONVEYOR_UID", default=None, kind=int,
-             help="run tasks as this uid (the worker must be root)")
-    env_flag(p, "--gid", env="CONVEYOR_GID", default=None, kind=int, help="run tasks as this gid")
+    env_flag(p, "--uid", env="CONVEYOR_UID", default=None,
+             help="run tasks as this user (name or number; the worker must be root); its "
+             "primary group unless --gid is given")
+    env_flag(p, "--gid", env="CONVEYOR_GID", default=None,
+             help="run tasks as this group (name or number)")
     env_flag(p, "-n", "--hostname", env="CONVEYOR_HOSTNAME", default=socket.gethostname(),
              help="name of this worker in events and logs")
     env_flag(p, "--heartbeat-interval", env="CONVEYOR_HEARTBEAT_INTERVAL", default=10.0,
@@ -92,8 +95,11 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    make_non_dumpable()  # first: a same-uid task must not read this process's environ or memory
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uid, gid = resolve_task_user(args.uid, args.gid)
+    _warn_about_shape(uid)
     sys.path.insert(0, os.getcwd())
     for module in args.app:
         _import_app(module)
@@ -104,7 +110,7 @@ def run_worker(args: argparse.Namespace) -> int:
         concurrency=args.concurrency, apps=args.app,
         max_memory_per_child=args.max_memory_per_child,
         max_tasks_per_child=args.max_tasks_per_child, time_limit=args.time_limit,
-        soft_time_limit=args.soft_time_limit, uid=args.uid, gid=args.gid,
+        soft_time_limit=args.soft_time_limit, uid=uid, gid=gid,
         hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout, burst=args.burst, metrics_port=args.metrics_port,
         max_deliveries=args.max_deliveries)
@@ -122,6 +128,21 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         if registry is not None:
             registry.close()
+
+
+def _warn_about_shape(uid: int | None) -> None:
+    """Say plainly at start what tasks can reach in this shape (README: Security model)."""
+    if uid is not None:
+        return
+    if os.geteuid() == 0:
+        logging.getLogger("conveyor.worker").warning(
+            "tasks run as root: nothing of the worker is hidden from them (root may read any "
+            "process); give --uid/--gid (e.g. --uid nobody) to run them unprivileged")
+    else:
+        logging.getLogger("conveyor.worker").warning(
+            "tasks run as this worker's uid %d: they cannot read its memory or environment, "
+            "but they can signal it; start the worker as root with --uid to separate them",
+            os.getuid())
 
 
 def _register(settings: Settings, supervisor: Supervisor) -> Registry | None:

@@ -29,13 +29,16 @@ descriptors. Run command workloads under a uid of their own if tasks must not re
 from __future__ import annotations
 
 import ctypes
+import errno
+import grp
 import os
+import pwd
 import re
 import resource
 import signal
 from collections.abc import Iterable, Mapping
 
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConfigError, ConveyorError
 
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
@@ -130,16 +133,20 @@ def _parent_death_signal() -> int:
 
 
 def _switch_ids(uid: int | None, gid: int | None) -> None:
+    step = "setgroups([])"
     try:
         os.setgroups([])
         if gid is not None:
+            step = f"setresgid({gid})"
             os.setresgid(gid, gid, gid)
         if uid is not None:
+            step = f"setresuid({uid})"
             os.setresuid(uid, uid, uid)
-    except PermissionError:
-        raise IsolationError(f"cannot drop to uid {uid} gid {gid}: this worker runs as uid "
-                             f"{os.getuid()} without CAP_SETUID/CAP_SETGID; start it as root "
-                             f"to use --uid/--gid, or leave them unset") from None
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        raise IsolationError(f"cannot drop to uid {uid} gid {gid}: {step} failed with {name} "
+                             f"({exc.strerror}); the worker runs as uid {os.getuid()}: start "
+                             f"it as root to use --uid/--gid, or leave them unset") from None
 
 
 def _already(uid: int | None, gid: int | None) -> bool:
@@ -165,6 +172,66 @@ def _verify_dropped(uid: int | None, gid: int | None) -> None:
         except PermissionError:
             return
         raise IsolationError(f"after dropping to uid {uid} the process could become root again")
+
+
+def resolve_task_user(user: str | None, group: str | None) -> tuple[int | None, int | None]:
+    """--uid/--gid as given (names or numbers) -> the (uid, gid) runners drop to.
+
+    Checked at start so a bad value stops the worker with one line instead of failing every
+    task later: a user without --gid takes its primary group from its passwd entry; a uid
+    with no passwd entry needs --gid; gid 0 under another uid is refused (root's group opens
+    files a task should not see); a worker that is not root cannot change ids, so asking for
+    other ids is refused, and asking for its own is a no-op.
+    """
+    if user is None and group is None:
+        return None, None
+    entry = _passwd_entry(user) if user is not None else None
+    uid = entry.pw_uid if entry is not None else _number(user, "--uid")
+    gid = _group_id(group) if group is not None else _primary_gid(user, entry)
+    if gid == 0 and uid not in (None, 0):
+        raise ConfigError(f"refusing to run tasks as uid {uid} with gid 0 (root's group): give "
+                          f"--gid with an unprivileged group, e.g. --gid 65534")
+    if os.geteuid() != 0:
+        if uid in (None, os.getuid()) and gid in (None, os.getgid()):
+            return None, None  # already the ids asked for: nothing to drop
+        raise ConfigError(f"--uid/--gid need the worker to start as root (it runs as uid "
+                          f"{os.getuid()}): start it as root, or leave them unset")
+    return uid, gid
+
+
+def _number(text: str | None, flag: str) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise ConfigError(f"{flag} {text!r}: no such user or group on this host; give a name "
+                          f"from /etc/passwd or /etc/group, or a number")
+    return int(text)
+
+
+def _passwd_entry(user: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        return None
+
+
+def _group_id(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"--gid {group!r}: no such group in /etc/group; give a group name "
+                          f"or a number") from None
+
+
+def _primary_gid(user: str | None, entry: pwd.struct_passwd | None) -> int | None:
+    if user is None:
+        return None
+    if entry is None:
+        raise ConfigError(f"--uid {user} has no passwd entry to take its primary group from: "
+                          f"give --gid too (e.g. --gid 65534)")
+    return entry.pw_gid
 
 
 def scrub_environment(env: Mapping[str, str], allow: Iterable[str] = (),
@@ -220,4 +287,4 @@ def _fd_ceiling() -> int:
 
 __all__ = ["IsolationError", "close_inherited_fds", "die_with_parent", "drop_privileges",
            "is_dumpable",
-           "is_secret", "make_non_dumpable", "scrub_environment"]
+           "is_secret", "make_non_dumpable", "resolve_task_user", "scrub_environment"]

@@ -31,6 +31,7 @@ class Facts:
     oom_killed: bool = False
     hard_timed_out: bool = False
     interrupted: bool = False  # the worker killed it while shutting down
+    last_words: str = ""  # the runner's last line of output: why it died unreported
 
 
 @dataclass(frozen=True)
@@ -57,22 +58,24 @@ def classify(facts: Facts) -> Outcome:
     if kind in ("failed", "timed_out", "retry_requested"):
         return Outcome(kind, error=report.get("error", {}), reason=report.get("reason", ""),
                        retry_delay=report.get("retry_delay"))
-    return _from_exit_status(facts.exit_status)
+    return _from_exit_status(facts.exit_status, facts.last_words)
 
 
 def _exited_cleanly(status: int | None) -> bool:
     return status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
-def _from_exit_status(status: int | None) -> Outcome:
+def _from_exit_status(status: int | None, last_words: str = "") -> Outcome:
+    """An outcome from how the runner ended, quoting its last line of output if it had one."""
+    why = f"; its last output: {last_words}" if last_words else ""
     if status is None:
-        return Outcome("lost", reason="the runner vanished without an exit status")
+        return Outcome("lost", reason=f"the runner vanished without an exit status{why}")
     if os.WIFSIGNALED(status):
         name = signal.Signals(os.WTERMSIG(status)).name
-        return Outcome("killed", reason=f"runner killed by {name} before reporting")
+        return Outcome("killed", reason=f"runner killed by {name} before reporting{why}")
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-    return Outcome("failed", reason=f"runner exited with code {code} before reporting",
-                   error={"type": "RunnerExit", "message": f"exit code {code}"})
+    return Outcome("failed", reason=f"runner exited with code {code} before reporting{why}",
+                   error={"type": "RunnerExit", "message": f"exit code {code}{why}"})
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class Runner:
     exec_mode: bool = False
     status: int | None = None  # raw waitpid status once it has exited
     tasks_done: int = 0
+    last_line: str = ""  # its last line of output: why it died, if it exits unreported
     handed_over: bool = False  # its current run was already given to `finished`
     closed: bool = False
     _partial: bytes = field(default=b"", repr=False)
@@ -187,6 +188,7 @@ class Pool:
         with self._lock:  # the watcher must not see a task on a runner that never got it
             runner.task, runner.started, runner.report = task, time.monotonic(), None
             runner.exec_mode = runner.handed_over = False
+            runner.last_line = ""
             try:
                 protocol.send(runner.channel, frame)
             except OSError:
@@ -387,7 +389,8 @@ class Pool:
 
     def _log_line(self, runner: Runner, line: bytes) -> None:
         label = getattr(runner.task, "log_label", f"runner={runner.pid}")
-        task_log.info("%s %s", label, line.decode(errors="replace"))
+        runner.last_line = line.decode(errors="replace")
+        task_log.info("%s %s", label, runner.last_line)
 
     def _unregister(self, runner: Runner) -> None:
         self._unregister_one(runner.channel)

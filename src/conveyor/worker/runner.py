@@ -53,10 +53,23 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
             isolation.drop_privileges(config.uid, config.gid)
             isolation.make_non_dumpable()
             protocol.send(channel, run_frame(frame, channel))
+    except isolation.IsolationError as exc:
+        _refuse(exc)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+EX_OSERR = 71  # sysexits.h: an operating-system error (here: the runner could not isolate)
+
+
+def _refuse(exc: isolation.IsolationError) -> NoReturn:
+    """Exit without running the task, saying why on stderr: the supervisor quotes that line."""
+    try:
+        os.write(2, f"runner {os.getpid()} cannot isolate itself: {exc}\n".encode())
+    finally:
+        os._exit(EX_OSERR)
 
 
 def join_cgroup(cgroup_procs: str) -> None:

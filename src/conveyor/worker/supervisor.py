@@ -282,7 +282,8 @@ class Supervisor:
             runner.report = _exec_report(runner.status)
         status = runner.status if runner.exited else 0
         oom = self.pool.oom_killed(runner)
-        return classify(Facts(runner.report, status, oom, run.hard_timed_out, run.interrupted))
+        return classify(Facts(runner.report, status, oom, run.hard_timed_out, run.interrupted,
+                              last_words=runner.last_line.strip()[-500:]))
 
     def _action(self, run: Run, outcome: Outcome, runner: Runner, report_only: bool) -> Action:
         if (runner.report or {}).get("outcome") == "unknown_task":

@@ -30,7 +30,7 @@ import sys
 from typing import NoReturn
 
 from conveyor.worker import protocol
-from conveyor.worker.isolation import die_with_parent
+from conveyor.worker.isolation import die_with_parent, make_non_dumpable
 from conveyor.worker.runner import RunnerConfig, join_cgroup, protect_from_oom_killer, runner_main
 
 
@@ -126,6 +126,7 @@ class Zygote:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    make_non_dumpable()  # exec reset it; lanes and runners inherit it across fork
     parser = argparse.ArgumentParser(prog="conveyor-zygote")
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--app", action="append", default=[])
