@@ -163,7 +163,11 @@ class Codec:
 
 
 def _to_fields(message: Message) -> dict[str, Any]:
+    """The body's fields. `deliveries` is left out: the broker counts deliveries and the
+    worker copies its count in on each one, so a count written into a body (a retry's) would
+    be stale by the next delivery, and a dead letter's body would contradict its metadata."""
     fields = asdict(message)
+    del fields["deliveries"]
     fields["command"] = list(message.command)
     fields["args"] = list(message.args)
     fields["kwargs"] = dict(message.kwargs)

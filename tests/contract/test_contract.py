@@ -282,3 +282,21 @@ def test_a_dropped_consume_loop_gives_back_what_it_claimed(make_broker: MakeBrok
         got.append(delivery.body)
         rival.ack(delivery)
     assert sorted(got) == [b"1", b"2", b"3"], "claims of a dropped loop stayed leased"
+
+
+def test_a_dead_letter_counts_the_deliveries_of_the_delivery_it_came_from(
+        make_broker: MakeBroker, queue: str) -> None:
+    """The count a dead letter keeps is the dead-lettered delivery's own, across retries
+    that replaced the body (the worker dead-letters an OOM hog on its 4th delivery)."""
+    broker = make_broker()
+    broker.publish(queue, b"attempt-1")
+    for attempt in (1, 2, 3):
+        delivery = first(broker, [queue])
+        assert delivery is not None and delivery.delivery_count == attempt
+        broker.retry_later(delivery, body=f"attempt-{attempt + 1}".encode())
+    last = first(broker, [queue])
+    assert last is not None and (last.body, last.delivery_count) == (b"attempt-4", 4)
+    broker.dead_letter(last, "oom_killed: over its memory cap (attempt 4 of 4)")
+    wait_for_depth(broker, queue, lambda d: d.dead == 1)
+    [dead] = broker.dead_letters(queue)
+    assert (dead.body, dead.delivery_count) == (b"attempt-4", 4)

@@ -85,6 +85,8 @@ def test_oom_task_dies_alone_and_is_dead_lettered(broker: Broker, sqlite_url: st
     assert any(e.kind == "succeeded" and e.result == "slept" for e in seen), out
     [dead] = broker.dead_letters(q)
     assert dead.reason.startswith("oom_killed"), dead.reason
+    body = Codec().decode(dead.body)  # no stale count of its own beside the broker's
+    assert b'"deliveries"' not in dead.body and body.attempt == dead.delivery_count == 3
     assert broker.depth(q) == Depth(0, 0, 0, 1)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -113,3 +114,12 @@ def test_signature_is_checked_before_fields_are_trusted() -> None:
 def test_canonical_encoding_is_length_prefixed() -> None:
     assert canonical_bytes({"a": "bc"}) != canonical_bytes({"ab": "c"})
     assert canonical_bytes({"a": 1, "sig": "x"}) == canonical_bytes({"a": 1})
+
+
+def test_a_body_never_carries_the_brokers_delivery_count() -> None:
+    """The count is the broker's (copied in on each delivery): a retry's body written with
+    the count of the delivery before would contradict the dead letter it may become."""
+    retried = replace(Message(queue="q", task="t.x"), deliveries=3).next_attempt()
+    body = Codec().encode(retried)
+    assert b"deliveries" not in body
+    assert (Codec().decode(body).attempt, Codec().decode(body).deliveries) == (2, 0)
