@@ -1,7 +1,9 @@
 """Conveyor spec for the peer benchmarks in ../shared/peers (see its README).
 
-Name it as module:p_conveyor:VARIANT with VARIANT = BROKER[-reuseN], BROKER one of redis,
-rabbitmq, postgres, sqlite; `-reuse100` runs the worker with --max-tasks-per-child=100.
+Name it as module:p_conveyor:VARIANT with VARIANT = BROKER[-reuseN][-init], BROKER one of
+redis, rabbitmq, postgres, sqlite; `-reuse100` runs the worker with --max-tasks-per-child=100;
+`-init` opens the instrumentation's Redis connection in a `worker_process_init` hook (the
+README documents it), in the idle runner before its task arrives, instead of in the task.
 The worker is `conveyor worker -c 2`: 2 runner slots, a fresh isolated runner per task
 unless reuse is asked for. Tasks record completion through the peers' `common` module.
 """
@@ -15,7 +17,7 @@ import common  # type: ignore[import-not-found]
 
 from conveyor import broker as brokers
 from conveyor.client import Client
-from conveyor.tasks import task
+from conveyor.tasks import task, worker_process_init
 
 QUEUE = "bench"
 URLS = {
@@ -36,10 +38,19 @@ def lat(t_enq: float) -> None:
     common.record_latency(t_enq, time.time())
 
 
+if os.environ.get("P_CONVEYOR_INIT") == "1":
+
+    @worker_process_init
+    def connect_counter() -> None:
+        common.client().ping()
+
+
 class Spec:
     counter_url = common.COUNTER_URL
 
     def __init__(self, variant: str) -> None:
+        variant, init, _ = variant.partition("-init")
+        os.environ["P_CONVEYOR_INIT"] = "1" if init else "0"  # the workers inherit it
         broker, _, reuse = variant.partition("-reuse")
         self.url = URLS[broker if broker in URLS else "redis"]
         self.reuse = int(reuse) if reuse else 1

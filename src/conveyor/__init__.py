@@ -27,7 +27,14 @@ from conveyor.errors import (
 from conveyor.message import Message
 from conveyor.scheduler.dag import DAG, TaskNode
 from conveyor.scheduler.errors import DagError
-from conveyor.tasks import Retry, SoftTimeLimitExceeded, Task, TaskOptions, task
+from conveyor.tasks import (
+    Retry,
+    SoftTimeLimitExceeded,
+    Task,
+    TaskOptions,
+    task,
+    worker_process_init,
+)
 
 __version__ = "0.1.0"
 
@@ -50,4 +57,5 @@ __all__ = [
     "UnknownTask",
     "__version__",
     "task",
+    "worker_process_init",
 ]

@@ -116,3 +116,24 @@ def lookup(name: str) -> Task[Any, Any]:
         known = ", ".join(sorted(REGISTRY)[:20]) or "none"
         raise UnknownTask(f"no task named {name!r} is registered in this worker (known: "
                           f"{known}); is its module passed with --app?") from None
+
+
+#: Functions `worker_process_init` registered, in order; every runner calls them once.
+PROCESS_INIT: list[Callable[[], None]] = []
+
+
+def worker_process_init(fn: Callable[[], None]) -> Callable[[], None]:
+    """Register `fn` to run once in every runner process, before its first task arrives.
+
+    Runners are forked ahead of need and wait idle for a task; `fn` runs in that wait (as
+    Celery's `worker_process_init` signal does), so what every task of the process needs
+    (a database or Redis connection, a client object) is ready when the task starts and
+    its set-up is off the task's latency. It runs in the runner itself: after the uid/gid
+    drop, non-dumpable, with the scrubbed environment, so whatever it opens belongs to that
+    one process, and with a fresh runner per task (the default) to that one task. Keep it
+    light: it runs in the lane of a slot that may be running another task, and what it
+    allocates counts towards that slot's memory cap. If it raises, the runner's task fails
+    with a reason naming the hook and the error (retried like any failure).
+    """
+    PROCESS_INIT.append(fn)
+    return fn

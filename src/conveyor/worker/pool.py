@@ -347,8 +347,12 @@ class Pool:
             return
         runner.report = frame
         runner.tasks_done += 1
-        if self.max_tasks > 1 and runner.task is not None and not runner.handed_over:
-            runner.handed_over = True  # a reusable runner's run ends with its report
+        if runner.task is not None and not runner.handed_over:
+            # A run ends with its report: the runner sends nothing after it but its exit, so
+            # a fresh runner's exit and reaping stay off the slot's path (the lane's next
+            # runner is already forked). Its output came first: log it under the task.
+            runner.handed_over = True
+            self._drain_output(runner)
             self.finished.put(runner)
             self.on_change()
 
@@ -375,7 +379,7 @@ class Pool:
             self._log_line(runner, line)
 
     def _drain_output(self, runner: Runner) -> None:
-        """Read what the runner printed just before exiting, so no line is lost."""
+        """Read what the runner printed before its report or exit, so no line is lost."""
         try:
             os.set_blocking(runner.output, False)
             while data := os.read(runner.output, 65536):

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from conveyor.errors import UnknownTask
-from conveyor.tasks import Retry, SoftTimeLimitExceeded, lookup
+from conveyor.tasks import PROCESS_INIT, Retry, SoftTimeLimitExceeded, lookup
 from conveyor.worker import isolation, protocol
 
 
@@ -45,6 +45,7 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
         if os.getppid() == 1:  # the zygote died before we asked: nobody to run for
             os._exit(0)
         _prepare(channel, output_fd)
+        init_failure = _process_init(config)
         for _ in range(config.max_tasks):
             frame = protocol.recv(channel)
             if frame is None:
@@ -52,7 +53,10 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
             _set_oom_score_adj(0)  # the task is now the one the OOM killer should pick
             isolation.drop_privileges(config.uid, config.gid)
             isolation.make_non_dumpable()
-            protocol.send(channel, run_frame(frame, channel))
+            report = init_failure or run_frame(frame, channel)
+            sys.stdout.flush()  # its output before its report: the supervisor logs it under
+            sys.stderr.flush()  # the task, then hands the run over when the report arrives
+            protocol.send(channel, report)
     except isolation.IsolationError as exc:
         _refuse(exc)
     finally:
@@ -110,6 +114,26 @@ def _prepare(channel: socket.socket, output_fd: int) -> None:
     isolation.close_inherited_fds(keep=[channel.fileno()])
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - line-buffered log
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _process_init(config: RunnerConfig) -> dict[str, Any] | None:
+    """Run the `worker_process_init` hooks while idle, as the task's uid; a failure becomes
+    the report of every task this runner is given (None if all went well)."""
+    if not PROCESS_INIT:
+        return None
+    try:
+        isolation.drop_privileges(config.uid, config.gid)
+    except isolation.IsolationError:
+        return None  # no hook runs privileged; the drop fails again, and says why, at the task
+    for hook in PROCESS_INIT:
+        try:
+            hook()
+        except BaseException as exc:  # noqa: BLE001 - reported with the task, not lost
+            name = f"{hook.__module__}.{hook.__qualname__}"
+            return {"outcome": "failed", "error": _error(exc),
+                    "reason": f"worker_process_init hook {name} failed in runner "
+                              f"{os.getpid()}: {type(exc).__name__}: {exc}"}
+    return None
 
 
 def _soft_time_limit(signum: int, frame: FrameType | None) -> None:

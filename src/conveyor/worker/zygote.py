@@ -20,7 +20,6 @@ If the supervisor goes away (EOF), the zygote kills every runner it forked and e
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
 import select
@@ -29,7 +28,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from conveyor.worker import protocol
+from conveyor.worker import protocol, warmup
 from conveyor.worker.isolation import die_with_parent, make_non_dumpable
 from conveyor.worker.runner import RunnerConfig, join_cgroup, protect_from_oom_killer, runner_main
 
@@ -138,8 +137,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     control = socket.socket(fileno=args.control_fd)
     for module in args.app:
         importlib.import_module(module)
-    gc.collect()
-    gc.freeze()  # forked runners share these pages instead of copying them on first GC
+    warmup.warm()  # what every runner would otherwise redo: name service, caches, imports
+    warmup.freeze()  # forked runners share these pages instead of copying them on first GC
     protocol.send(control, {"op": "ready", "pid": os.getpid()})
     Zygote(control, RunnerConfig(args.max_tasks, args.uid, args.gid)).serve()
 
