@@ -43,7 +43,6 @@ from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import build
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
-from conveyor.scheduler.store import from_url
 from conveyor.scheduler.testing import (
     RecordingExecutor,
     drop_redis_prefix,
@@ -52,6 +51,7 @@ from conveyor.scheduler.testing import (
     spawn,
     stop,
 )
+from conveyor.state.store import from_url
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 URLS = {

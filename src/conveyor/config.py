@@ -3,8 +3,9 @@
 Precedence everywhere: flags > `CONVEYOR_*` environment > a TOML file > defaults.
 
 * Every CLI flag is declared with `env_flag`, which resolves its default from the
-  environment, then the file, and records the setting in `CATALOG` (what `conveyor config
-  show` prints and what the README's configuration reference is generated from).
+  environment, then the file, and records the setting in its parser's `Catalog` (what
+  `conveyor config show` prints and what the README's configuration reference is generated
+  from). `conveyor.cli.build_parser` returns the catalog with the parser it fills.
 * The TOML file is `$CONVEYOR_CONFIG_FILE` if set (it must exist), else `./conveyor.toml`,
   else `conveyor.toml` in the data directory ($CONVEYOR_HOME). Its keys are the variables'
   names without `CONVEYOR_`, lower-cased: `CONVEYOR_BROKER_URL` -> `broker_url`.
@@ -18,6 +19,8 @@ when a command starts.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import re
 import tomllib
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ConfigError
+from conveyor.locations import data_dir, redact
 from conveyor.message import DEFAULT_MAX_BYTES
 
 PREFIX = "CONVEYOR_"
@@ -66,7 +70,6 @@ def config_file(env: Mapping[str, str] | None = None) -> Path | None:
             raise ConfigError(f"{FILE_VARIABLE}={explicit!r}: no such file; create it or "
                               "unset the variable")
         return path
-    from conveyor.broker import data_dir
     for candidate in (Path("conveyor.toml"), data_dir() / "conveyor.toml"):
         if candidate.is_file():
             return candidate
@@ -152,31 +155,48 @@ class Key:
         return any(word in self.env for word in _SECRET)
 
 
-#: Every setting, by variable; filled as commands declare their flags (and by `Settings`).
-CATALOG: dict[str, Key] = {}
+class Catalog(dict[str, Key]):
+    """Every setting, by variable: filled as commands declare their flags (and by `Settings`)."""
+
+    def declare(self, env: str, *, default: Any = None, help: str = "",
+                flags: tuple[str, ...] = (), dest: str = "", command: str = "",
+                convert: Callable[[str], Any] | None = None) -> Key:
+        """Record a setting (several commands may share one variable)."""
+        key = self.setdefault(env, Key(env, default, help, flags, dest, convert=convert))
+        if not key.flags and flags:
+            key.flags, key.dest = flags, dest
+        if command and command not in key.commands:
+            key.commands.append(command)
+            key.defaults[command] = default
+        return key
+
+    def declare_settings(self) -> None:
+        """Put the `Settings` fields in the catalog (they are read by every command)."""
+        for f in fields(Settings):
+            self.declare(f"{PREFIX}{f.name.upper()}", default=f.default,
+                         help=SETTINGS_HELP[f.name])
+
+    def check_file(self) -> None:
+        """Stop if the file names a key no setting has (call after every flag is declared)."""
+        path = config_file()
+        known = {key.name for key in self.values()}
+        for name, value in file_values(path).items():
+            if name not in known:
+                raise ConfigError(f"{path}: {name} = {value!r} is not a setting (misspelt?); "
+                                  "`conveyor config show` lists them all")
 
 
-def declare(env: str, *, default: Any = None, help: str = "", flags: tuple[str, ...] = (),
-            dest: str = "", command: str = "", convert: Callable[[str], Any] | None = None
-            ) -> Key:
-    """Record a setting in the catalog (several commands may share one variable)."""
-    key = CATALOG.setdefault(env, Key(env, default, help, flags, dest, convert=convert))
-    if not key.flags and flags:
-        key.flags, key.dest = flags, dest
-    if command and command not in key.commands:
-        key.commands.append(command)
-        key.defaults[command] = default
-    return key
+class SettingsParser(argparse.ArgumentParser):
+    """A parser whose flags, and its sub-commands' flags, are recorded in one `Catalog`."""
 
+    def __init__(self, *args: Any, catalog: Catalog | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.catalog = Catalog() if catalog is None else catalog
 
-def check_file() -> None:
-    """Stop if the file names a key no setting has (call after every flag is declared)."""
-    path = config_file()
-    known = {key.name for key in CATALOG.values()}
-    for name, value in file_values(path).items():
-        if name not in known:
-            raise ConfigError(f"{path}: {name} = {value!r} is not a setting (misspelt?); "
-                              "`conveyor config show` lists them all")
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", functools.partial(SettingsParser,
+                                                            catalog=self.catalog))
+        return super().add_subparsers(**kwargs)
 
 
 def shown(key: Key, value: Any) -> str:
@@ -189,7 +209,6 @@ def shown(key: Key, value: Any) -> str:
     if key.secret:
         return "***"
     if "://" in text:   # any URL may carry a password (broker, state, result backend)
-        from conveyor.broker import redact
         return redact(text)
     return text
 
@@ -233,12 +252,6 @@ SETTINGS_HELP = {
 }
 
 
-def declare_settings() -> None:
-    """Put the `Settings` fields in the catalog (they are read by every command)."""
-    for f in fields(Settings):
-        declare(f"{PREFIX}{f.name.upper()}", default=f.default, help=SETTINGS_HELP[f.name])
-
-
 def _allowed(exc: Exception) -> str:
     """What a conversion error means for the person who wrote the value."""
     text = str(exc)
@@ -255,7 +268,8 @@ def env_flag(parser: Any, *names: str, env: str, default: Any = None, kind: Any 
              help: str = "", **kwargs: Any) -> None:
     """Add a flag whose default comes from `env`, then the file, then `default`.
 
-    The variable is named in --help, the setting is recorded in `CATALOG`, and a bad value
+    The variable is named in --help, the setting is recorded in the parser's catalog (a
+    `SettingsParser`; a plain parser records nothing), and a bad value
     in the environment or the file stops the program with one line naming the key, the
     value and what is allowed.
     """
@@ -274,6 +288,9 @@ def env_flag(parser: Any, *names: str, env: str, default: Any = None, kind: Any 
                                      **kwargs)
     else:
         action = parser.add_argument(*names, type=kind, default=value, help=text, **kwargs)
-    declare(env, default=default, help=help, flags=tuple(n for n in names if n.startswith("--")),
-            dest=action.dest, command=parser.prog.removeprefix("conveyor ").strip(),
-            convert=None if kind is bool else kind)
+    catalog = getattr(parser, "catalog", None)
+    if catalog is not None:
+        catalog.declare(env, default=default, help=help,
+                        flags=tuple(n for n in names if n.startswith("--")), dest=action.dest,
+                        command=parser.prog.removeprefix("conveyor ").strip(),
+                        convert=None if kind is bool else kind)

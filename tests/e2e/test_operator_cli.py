@@ -17,9 +17,9 @@ from conveyor import cli
 from conveyor.broker import Broker, from_url
 from conveyor.client import Client
 from conveyor.message import Codec, Message
-from conveyor.scheduler import store as stores
 from conveyor.scheduler.examples.revenue import build
 from conveyor.scheduler.runs import trigger
+from conveyor.state import store as stores
 from tests.conftest import POSTGRES_URL, RABBITMQ_URL, REDIS_URL, clean_transport, require_service
 from tests.integration.workerkit import finish, start_worker, task_message, worker_env
 

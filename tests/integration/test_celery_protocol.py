@@ -15,8 +15,8 @@ import pytest
 from celery import Celery
 
 from conveyor.broker import from_url
+from conveyor.celery_intake.conversion import Accepted, CeleryMessage, Rejected, convert
 from conveyor.celery_intake.feed import Feed
-from conveyor.celery_intake.protocol import Accepted, CeleryMessage, Rejected, convert
 from conveyor.client import Client
 from conveyor.message import Codec
 from conveyor.tasks import Task, TaskOptions

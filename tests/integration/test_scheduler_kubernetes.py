@@ -27,7 +27,6 @@ from kubernetes import client
 from conveyor import broker as brokers
 from conveyor.message import Message
 from conveyor.scheduler import DAG
-from conveyor.scheduler import store as stores
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import Daemon
 from conveyor.scheduler.engine import Engine
@@ -36,6 +35,7 @@ from conveyor.scheduler.executors import Workload
 from conveyor.scheduler.executors.kubernetes import KubernetesExecutor
 from conveyor.scheduler.runs import create_run
 from conveyor.scheduler.testing import run_to_end
+from conveyor.state import store as stores
 
 PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$")
 NODE_LABELS = {"pool": "cpu"}

@@ -24,7 +24,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]
-    return cli.build_parser().parse_args(list(argv))
+    return cli.build_parser()[0].parse_args(list(argv))
 
 
 def test_precedence_flag_over_env_over_file_over_default(home: Path,
@@ -88,7 +88,7 @@ def test_config_show_gives_sources_and_masks_secrets(
 
 
 def test_every_setting_has_help_and_one_variable_per_key() -> None:
-    cli.build_parser()
-    for key in config.CATALOG.values():
+    _, catalog = cli.build_parser()
+    for key in catalog.values():
         assert key.help, key.env
         assert key.env.startswith("CONVEYOR_") and config.key_name(key.env) == key.name

@@ -51,7 +51,7 @@ def test_every_command_is_a_real_conveyor_command(name: str) -> None:
     if health[1] == "conveyor":
         commands.append(health[2:])
     for command in commands:
-        args = cli.build_parser().parse_args(command)   # SystemExit on an unknown flag
+        args = cli.build_parser()[0].parse_args(command)   # SystemExit on an unknown flag
         assert callable(args.run)
 
 
@@ -132,7 +132,7 @@ def test_dockerfile_final_stage_is_slim_and_runs_conveyor_as_non_root() -> None:
     assert user not in ("0", "root") and ops.index("USER") > max(
         i for i, op in enumerate(ops) if op == "RUN")
     assert json.loads(dict(stage)["ENTRYPOINT"]) == ["conveyor"]
-    assert cli.build_parser().parse_args(json.loads(dict(stage)["CMD"])).run
+    assert cli.build_parser()[0].parse_args(json.loads(dict(stage)["CMD"])).run
 
 
 def test_dockerfile_installs_the_package_from_this_tree_without_caches() -> None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conveyor import cli, config_cli
+from conveyor import cli
+from conveyor.cli import configuration
 
 README = Path(__file__).parents[2] / "README.md"
 
 
 def test_configuration_reference_is_what_the_generator_prints() -> None:
-    cli.build_parser()
-    assert config_cli.section(README.read_text()) == config_cli.reference(), (
+    _, catalog = cli.build_parser()
+    assert configuration.section(README.read_text()) == configuration.reference(catalog), (
         "README.md's configuration reference is out of date: run "
         "`conveyor config reference --write README.md`")
 

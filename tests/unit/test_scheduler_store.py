@@ -8,7 +8,7 @@ import pytest
 
 from conveyor.errors import ConfigError
 from conveyor.scheduler.config import SchedulerConfig
-from conveyor.scheduler.store import SQLiteStore, from_url
+from conveyor.state.store import SQLiteStore, from_url
 
 
 def test_migrations_apply_once_and_upgrade_an_old_schema(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conveyor.scheduler import store as stores
+from conveyor.state import store as stores
 from conveyor.worker.registry import Registry, state_url_for, workers
 
 

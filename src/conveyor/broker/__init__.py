@@ -9,12 +9,11 @@ imported lazily so a worker on Redis never loads pika or psycopg.
 from __future__ import annotations
 
 import importlib
-import os
-from pathlib import Path
 from typing import Any
 
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
 from conveyor.errors import ConfigError
+from conveyor.locations import data_dir, redact
 
 # URL scheme -> "module:Class"
 TRANSPORTS = {
@@ -28,15 +27,6 @@ TRANSPORTS = {
 }
 #: Every `kombu+<transport>` scheme (kombu+redis, kombu+amqp, kombu+sqs, ...).
 KOMBU = "conveyor.broker.kombu:KombuBroker"
-
-
-def data_dir() -> Path:
-    """Where the embedded default keeps its files: $CONVEYOR_HOME or the XDG data dir."""
-    home = os.environ.get("CONVEYOR_HOME")
-    if home:
-        return Path(home)
-    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(xdg) / "conveyor"
 
 
 def default_url() -> str:
@@ -60,16 +50,6 @@ def from_url(url: str | None = None, **options: Any) -> Broker:
     return broker
 
 
-def redact(url: str) -> str:
-    """The URL with any password replaced by ***, for logs and errors."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
-
-
 def positive_option(options: dict[str, str], key: str, default: float, url: str) -> float:
     """A positive number from a broker URL's query, or a ConfigError naming URL and key."""
     raw = options.get(key)
@@ -85,5 +65,5 @@ def positive_option(options: dict[str, str], key: str, default: float, url: str)
     return value
 
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "Broker", "DeadLetter", "Delivery", "Depth", "data_dir",
-           "default_url", "from_url", "positive_option", "redact"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "Broker", "DeadLetter", "Delivery", "Depth", "default_url",
+           "from_url", "positive_option"]

@@ -64,9 +64,10 @@ from kombu import Consumer, Exchange, Producer, Queue
 from kombu.exceptions import OperationalError
 from kombu.message import Message as KombuMessage
 
-from conveyor.broker import positive_option, redact
+from conveyor.broker import positive_option
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+from conveyor.locations import redact
 
 log = logging.getLogger("conveyor.broker.kombu")
 T = TypeVar("T")

@@ -59,9 +59,9 @@ from tenacity import (
 )
 
 from conveyor import sqlfiles
-from conveyor.broker import redact
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+from conveyor.locations import redact
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,27 +17,17 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from conveyor import sqlfiles
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
 from conveyor.broker.wake import WakeChannel
-from conveyor.errors import ConfigError, LeaseLost
+from conveyor.errors import LeaseLost
+from conveyor.locations import path_from_url
 
 Q = sqlfiles.load("conveyor.broker", "sql/sqlite.sql")
 #: Longest sleep without a wake-up: a safety net should a datagram ever be lost.
 POLL_FALLBACK = 5.0
-
-
-def path_from_url(url: str) -> tuple[Path, dict[str, str]]:
-    """`sqlite:///abs/path.db?x=y` -> (Path, options)."""
-    parts = urlsplit(url)
-    if not parts.path or parts.path == "/":
-        raise ConfigError(f"SQLite URL {url!r} names no file: use sqlite:///path/to/file.db")
-    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    return Path(parts.path), options
 
 
 class SQLiteBroker(Broker):

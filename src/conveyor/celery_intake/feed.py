@@ -27,10 +27,10 @@ from kombu import Exchange, Queue
 from kombu.message import Message as KombuMessage
 from kombu.mixins import ConsumerMixin
 
-from conveyor.broker import redact
-from conveyor.celery_intake.protocol import Accepted, CeleryMessage, Rejected, convert
+from conveyor.celery_intake.conversion import Accepted, CeleryMessage, Rejected, convert
 from conveyor.client import Client
 from conveyor.errors import ConfigError, MessageError
+from conveyor.locations import redact
 from conveyor.tasks import Task
 
 log = logging.getLogger("conveyor.celery_intake")

@@ -20,12 +20,12 @@ from typing import Any
 import kombu
 
 from conveyor import broker as brokers
-from conveyor.broker import redact
 from conveyor.celery_intake.feed import Feed, celery_connection, intake_queue, rejects_queue
 from conveyor.celery_intake.outcomes import RESULTS_QUEUE, OutcomeLoop
 from conveyor.celery_intake.results import RedisResults
 from conveyor.client import Client
 from conveyor.errors import BrokerConnectionError, ConfigError, ConveyorError
+from conveyor.locations import redact
 from conveyor.message import Codec
 from conveyor.tasks import REGISTRY, Task
 

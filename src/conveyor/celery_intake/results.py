@@ -24,9 +24,9 @@ from typing import Any
 
 import redis
 
-from conveyor.broker import redact
 from conveyor.errors import ConfigError, ConveyorError
 from conveyor.events import Event
+from conveyor.locations import redact
 
 log = logging.getLogger("conveyor.celery_intake")
 

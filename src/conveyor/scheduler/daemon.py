@@ -27,12 +27,12 @@ from conveyor.broker import Broker, Delivery
 from conveyor.client import Client
 from conveyor.errors import MessageError
 from conveyor.events import Event
-from conveyor.scheduler import store as stores
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.executors import Executor
 from conveyor.scheduler.executors.queue import QueueExecutor
+from conveyor.state import store as stores
 from conveyor.tasks import REGISTRY
 
 log = logging.getLogger("conveyor.scheduler")

@@ -31,7 +31,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Executor, Workload, event_for
 from conveyor.scheduler.runs import create_run
-from conveyor.scheduler.store import Row, Store
+from conveyor.state.store import Row, Store
 
 log = logging.getLogger("conveyor.scheduler")
 

@@ -16,7 +16,7 @@ from typing import Any
 from conveyor.message import new_id
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.errors import RunError
-from conveyor.scheduler.store import Store
+from conveyor.state.store import Store
 
 
 def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],

@@ -40,7 +40,7 @@ def _apps(text: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in text.split(",") if a.strip())
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("worker", help="consume queues and run each task in an isolated "
                             "runner", description=__doc__)
     env_flag(p, "-Q", "--queues", env="CONVEYOR_QUEUES", default=("default",), kind=_queues,

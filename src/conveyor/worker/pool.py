@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ConfigError
-from conveyor.worker import protocol
+from conveyor.worker import frames
 
 log = logging.getLogger("conveyor.worker")
 task_log = logging.getLogger("conveyor.task")
@@ -113,7 +113,7 @@ class Pool:
 
     def _start_zygote(self, apps: list[str], env: Mapping[str, str], uid: int | None,
                       gid: int | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        ours, theirs = protocol.pair()
+        ours, theirs = frames.pair()
         argv = [sys.executable, "-m", "conveyor.worker.zygote",
                 "--control-fd", str(theirs.fileno()), "--max-tasks", str(self.max_tasks)]
         argv += [f"--app={app}" for app in apps]
@@ -135,10 +135,10 @@ class Pool:
     def _open_lane(self, index: int) -> Lane:
         """Fork a lane's fork server into the lane's own cgroup (one migration, at start)."""
         slot = self.limiter.prepare(f"{os.getpid()}-lane{index}", 0)
-        ours, theirs = protocol.pair()
+        ours, theirs = frames.pair()
         procs = str(slot.path / "cgroup.procs") if slot.path is not None else ""
         try:
-            protocol.send(self._control, {"op": "lane", "cgroup_procs": procs},
+            frames.send(self._control, {"op": "lane", "cgroup_procs": procs},
                           [theirs.fileno()])
         finally:
             theirs.close()
@@ -156,12 +156,12 @@ class Pool:
         with self._lock:
             missing = self.warm - len(lane.idle) - len(lane.requested)
         for _ in range(max(0, missing)):
-            ours, theirs = protocol.pair()
+            ours, theirs = frames.pair()
             out_r, out_w = os.pipe()
             with self._lock:
                 lane.requested.append((ours, out_r))
             try:
-                protocol.send(lane.control, {"op": "spawn"}, [theirs.fileno(), out_w])
+                frames.send(lane.control, {"op": "spawn"}, [theirs.fileno(), out_w])
             finally:
                 theirs.close()
                 os.close(out_w)
@@ -190,7 +190,7 @@ class Pool:
             runner.exec_mode = runner.handed_over = False
             runner.last_line = ""
             try:
-                protocol.send(runner.channel, frame)
+                frames.send(runner.channel, frame)
             except OSError:
                 runner.task = None
                 raise
@@ -281,14 +281,14 @@ class Pool:
 
     def _on_zygote(self) -> None:
         """The zygote only speaks again if a lane died or it is going away: both are fatal."""
-        frame = protocol.recv(self._control)
+        frame = frames.recv(self._control)
         if not self._stopping:
             what = "exited" if frame is None else f"reported a lane {frame}"
             log.error("the runner zygote %s; stopping the worker", what)
             self._fail(f"the runner zygote {what}")
 
     def _on_lane(self, lane: Lane) -> None:
-        frame, fds = protocol.recv_with_fds(lane.control, max_fds=1)
+        frame, fds = frames.recv_with_fds(lane.control, max_fds=1)
         if frame is None:
             if not self._stopping:
                 log.error("runner lane %d exited unexpectedly; stopping the worker", lane.index)
@@ -338,7 +338,7 @@ class Pool:
         self.fill(lane)
 
     def _on_channel(self, runner: Runner) -> None:
-        frame = protocol.recv(runner.channel)
+        frame = frames.recv(runner.channel)
         if frame is None:
             self._unregister_one(runner.channel)
             return
@@ -360,7 +360,7 @@ class Pool:
         """Read a report sent just before exiting, which may still sit in the socket."""
         runner.channel.setblocking(False)
         try:
-            while (frame := protocol.recv(runner.channel)) is not None:
+            while (frame := frames.recv(runner.channel)) is not None:
                 if frame.get("mode") == "exec":
                     runner.exec_mode = True
                 else:
@@ -411,7 +411,7 @@ def _expect_ready(control: socket.socket) -> dict[str, Any] | None:
     """The first frame of a fork server: {"op": "ready", "pid": P}, or None if it died."""
     control.settimeout(60)
     try:
-        frame = protocol.recv(control)
+        frame = frames.recv(control)
     except TimeoutError:
         frame = None
     control.settimeout(None)

@@ -18,7 +18,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # imported when the first heartbeat opens it, not when the worker starts
+    from conveyor.state.store import Store
 
 log = logging.getLogger("conveyor.worker")
 
@@ -50,8 +53,8 @@ class WorkerRecord:
         return now - self.heartbeat_at > STALE_AFTER * self.interval
 
 
-def workers(store: Any) -> list[WorkerRecord]:
-    """Every registered worker (`store`: a `conveyor.scheduler.store.Store`)."""
+def workers(store: Store) -> list[WorkerRecord]:
+    """Every registered worker."""
     return [WorkerRecord(**row) for row in store.rows("workers")]
 
 
@@ -66,7 +69,7 @@ class Registry:
         self.row = {"worker_id": f"{hostname}:{os.getpid()}", "hostname": hostname,
                     "pid": os.getpid(), "queues": ",".join(queues),
                     "concurrency": concurrency, "interval": interval, "started_at": clock()}
-        self._store: Any = None
+        self._store: Store | None = None
         self._failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,15 +102,15 @@ class Registry:
             log.info("worker registry: state store reachable again")
             self._failing = False
 
-    def _open(self) -> Any:
+    def _open(self) -> Store:
         if self._store is None:
-            from conveyor.scheduler import store as stores
+            from conveyor.state import store as stores
             self._store = stores.from_url(self.url)
         return self._store
 
     def _broken(self, exc: Exception) -> None:
         if not self._failing:
-            from conveyor.broker import redact
+            from conveyor.locations import redact
             log.warning("worker registry: cannot write this worker's heartbeat to %s "
                         "(%s: %s); `conveyor status` will show it stale until it can",
                         redact(self.url), type(exc).__name__, exc)
@@ -125,8 +128,9 @@ class Registry:
         if self._thread is not None:
             self._thread.join(timeout=self.interval + 5)
         try:
-            self._open().exec("delete_worker", worker_id=self.row["worker_id"])
-            self._store.close()
+            store = self._open()
+            store.exec("delete_worker", worker_id=self.row["worker_id"])
+            store.close()
         except Exception as exc:
             log.warning("worker registry: could not remove this worker's row: %s", exc)
 
@@ -139,5 +143,5 @@ def state_url_for(broker_url: str, state_url: str) -> str | None:
         return state_url
     if broker_url:
         return None
-    from conveyor.scheduler.store import default_url
+    from conveyor.state.store import default_url
     return default_url()

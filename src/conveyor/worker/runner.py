@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from conveyor.errors import UnknownTask
 from conveyor.tasks import PROCESS_INIT, Retry, SoftTimeLimitExceeded, lookup
-from conveyor.worker import isolation, protocol
+from conveyor.worker import frames, isolation
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
         _prepare(channel, output_fd)
         init_failure = _process_init(config)
         for _ in range(config.max_tasks):
-            frame = protocol.recv(channel)
+            frame = frames.recv(channel)
             if frame is None:
                 break
             _set_oom_score_adj(0)  # the task is now the one the OOM killer should pick
@@ -56,7 +56,7 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
             report = init_failure or run_frame(frame, channel)
             sys.stdout.flush()  # its output before its report: the supervisor logs it under
             sys.stderr.flush()  # the task, then hands the run over when the report arrives
-            protocol.send(channel, report)
+            frames.send(channel, report)
     except isolation.IsolationError as exc:
         _refuse(exc)
     finally:
@@ -161,11 +161,11 @@ def run_frame(frame: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
 
 def _exec_command(command: list[str], channel: socket.socket) -> NoReturn:
     """Replace the runner with the command; its exit status becomes the outcome."""
-    protocol.send(channel, {"mode": "exec"})
+    frames.send(channel, {"mode": "exec"})
     try:
         os.execvp(command[0], command)
     except OSError as exc:
-        protocol.send(channel, {"outcome": "failed", "error": _error(exc),
+        frames.send(channel, {"outcome": "failed", "error": _error(exc),
                                 "reason": f"cannot run {command[0]!r}: {exc.strerror}"})
         os._exit(127)
 

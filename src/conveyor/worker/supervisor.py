@@ -29,10 +29,10 @@ from conveyor.broker import Broker, Delivery
 from conveyor.errors import ConveyorError, LeaseLost, MessageError
 from conveyor.events import Event
 from conveyor.message import Codec, Message
-from conveyor.metrics import WorkerMetrics
 from conveyor.tasks import REGISTRY
 from conveyor.worker import cgroups
 from conveyor.worker.isolation import scrub_environment
+from conveyor.worker.metrics import WorkerMetrics
 from conveyor.worker.outcome import (
     Action,
     Budget,

@@ -28,7 +28,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from conveyor.worker import protocol, warmup
+from conveyor.worker import frames, warmup
 from conveyor.worker.isolation import die_with_parent, make_non_dumpable
 from conveyor.worker.runner import RunnerConfig, join_cgroup, protect_from_oom_killer, runner_main
 
@@ -55,7 +55,7 @@ class Zygote:
                 self._shutdown()
 
     def _handle_request(self) -> bool:
-        frame, fds = protocol.recv_with_fds(self.control)
+        frame, fds = frames.recv_with_fds(self.control)
         if frame is None:
             return False
         if frame.get("op") == "spawn" and len(fds) == 2:
@@ -86,7 +86,7 @@ class Zygote:
         die_with_parent()
         join_cgroup(cgroup_procs)
         protect_from_oom_killer()
-        protocol.send(control, {"op": "ready", "pid": os.getpid()})
+        frames.send(control, {"op": "ready", "pid": os.getpid()})
         Zygote(control, self.config).serve()
 
     def _spawn(self, channel_fd: int, output_fd: int) -> None:
@@ -100,7 +100,7 @@ class Zygote:
         self.children.add(pid)
         pidfd = os.pidfd_open(pid)
         try:
-            protocol.send(self.control, {"op": "spawned", "pid": pid}, [pidfd])
+            frames.send(self.control, {"op": "spawned", "pid": pid}, [pidfd])
         finally:
             os.close(pidfd)
 
@@ -113,7 +113,7 @@ class Zygote:
             if pid == 0:
                 return
             self.children.discard(pid)
-            protocol.send(self.control, {"op": "exited", "pid": pid, "status": status})
+            frames.send(self.control, {"op": "exited", "pid": pid, "status": status})
 
     def _shutdown(self) -> NoReturn:
         for pid in self.children:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         importlib.import_module(module)
     warmup.warm()  # what every runner would otherwise redo: name service, caches, imports
     warmup.freeze()  # forked runners share these pages instead of copying them on first GC
-    protocol.send(control, {"op": "ready", "pid": os.getpid()})
+    frames.send(control, {"op": "ready", "pid": os.getpid()})
     Zygote(control, RunnerConfig(args.max_tasks, args.uid, args.gid)).serve()
 
 

@@ -11,8 +11,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 
-from conveyor.broker import positive_option, redact
+from conveyor.broker import positive_option
 from conveyor.errors import ConfigError
+from conveyor.locations import redact
 
 DEFAULT_DELIVERY_LIMIT = 25
 DEFAULT_CONSUMER_TIMEOUT = 3600.0

@@ -13,11 +13,11 @@ import time
 from collections import Counter
 from typing import Any
 
-from conveyor.admin import connection_flags, known_queues, opened_broker, opened_store, output
 from conveyor.broker import Broker
-from conveyor.scheduler.cli import table
+from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
+from conveyor.cli.output import output, table
 from conveyor.scheduler.runs import iso
-from conveyor.scheduler.store import Store
+from conveyor.state.store import Store
 from conveyor.worker.registry import workers
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor import config
-from conveyor.config import CATALOG, Key, lookup, shown
+from conveyor.cli.output import table
+from conveyor.config import Catalog, Key, lookup, shown
 from conveyor.errors import ConfigError
 
 #: Defaults that depend on the machine, described instead of printed.
@@ -39,11 +40,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     ref.set_defaults(run=run_reference)
 
 
-def effective(argv: list[str]) -> list[dict[str, Any]]:
+def effective(parser: argparse.ArgumentParser, catalog: Catalog,
+              argv: list[str]) -> list[dict[str, Any]]:
     """One row per setting: key, value, source, variable, commands."""
-    flags = _parse(argv) if argv else None
+    flags = parser.parse_args(argv) if argv else None
     rows = []
-    for key in sorted(CATALOG.values(), key=lambda k: k.name):
+    for key in sorted(catalog.values(), key=lambda k: k.name):
         value, source = _resolved(key)
         if flags is not None and key.dest and hasattr(flags, key.dest) \
                 and getattr(flags, key.dest) != value and argv[0] in key.commands:
@@ -60,29 +62,23 @@ def _resolved(key: Key) -> tuple[Any, str]:
     return (key.convert(raw) if key.convert else raw), source
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    from conveyor.cli import build_parser
-    return build_parser().parse_args(argv)
-
-
 def run_show(args: argparse.Namespace) -> int:
-    rows = effective(list(args.argv))
+    rows = effective(args.parser, args.catalog, list(args.argv))
     path = config.config_file()
     if args.json:
         print(json.dumps({"file": str(path) if path else None, "settings": rows}, indent=2))
         return 0
     print(f"config file: {path or 'none'} (set {config.FILE_VARIABLE}, or create "
           "./conveyor.toml)\n")
-    from conveyor.scheduler.cli import table
     print(table(rows, ["key", "value", "source", "env", "commands"]))
     return 0
 
 
-def reference() -> str:
-    """The Markdown table of every setting (build the parser first: it fills the catalog)."""
+def reference(catalog: Catalog) -> str:
+    """The Markdown table of every setting in `catalog` (the one `build_parser` returns)."""
     lines = ["| key (TOML) | environment | flag | default | commands | meaning |",
              "|---|---|---|---|---|---|"]
-    for key in sorted(CATALOG.values(), key=lambda k: k.name):
+    for key in sorted(catalog.values(), key=lambda k: k.name):
         default = _defaults(key)
         flag = ", ".join(f"`{f}`" for f in key.flags)
         commands = ", ".join(sorted(key.commands)) or "all"
@@ -113,7 +109,7 @@ def _defaults(key: Key) -> str:
 
 def run_reference(args: argparse.Namespace) -> int:
     if not args.write:
-        print(reference(), end="")
+        print(reference(args.catalog), end="")
         return 0
     path = Path(args.write)
     text = path.read_text()
@@ -122,6 +118,6 @@ def run_reference(args: argparse.Namespace) -> int:
                           f"{REFERENCE_END!r} where the reference belongs")
     before, rest = text.split(REFERENCE_START, 1)
     after = rest.split(REFERENCE_END, 1)[1]
-    path.write_text(f"{before}{REFERENCE_START}\n{reference()}{REFERENCE_END}{after}")
+    path.write_text(f"{before}{REFERENCE_START}\n{reference(args.catalog)}{REFERENCE_END}{after}")
     print(f"{path}: configuration reference updated")
     return 0

@@ -1,21 +1,17 @@
-"""What the operator commands share: the broker and state-store flags, the queues worth
-looking at, and output for people (aligned tables) or scripts (`--json`)."""
+"""What the operator commands share: the broker and state-store flags, opening them, and the
+queues worth looking at."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from conveyor import broker as brokers
 from conveyor.config import Settings, env_flag
-from conveyor.scheduler.cli import table
 from conveyor.scheduler.config import CONTROL_QUEUE
 from conveyor.scheduler.engine import EVENTS_QUEUE
-from conveyor.scheduler.store import Store
+from conveyor.state.store import Store
 
 #: Queues always worth showing: the usual work queue and the scheduler's own.
 ALWAYS = ("default", EVENTS_QUEUE, CONTROL_QUEUE)
@@ -50,7 +46,7 @@ def opened_broker(args: argparse.Namespace) -> Iterator[brokers.Broker]:
 
 @contextmanager
 def opened_store(args: argparse.Namespace) -> Iterator[Store]:
-    from conveyor.scheduler import store as stores
+    from conveyor.state import store as stores
     store = stores.from_url(settings(args).state_url)
     try:
         yield store
@@ -70,19 +66,3 @@ def known_queues(store: Store | None, extra: Sequence[str] = ()) -> list[str]:
             found += row["queues"].split(",")
         found += [row["queue"] for row in store.rows("queues_in_use", limit=RECENT)]
     return list(dict.fromkeys(q for q in found if q))
-
-
-def output(doc: Any, rows: Sequence[dict[str, Any]], columns: Sequence[str],
-           as_json: bool) -> None:
-    """`doc` as JSON, or `rows` as a table."""
-    if as_json:
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        print(table(rows, columns))
-
-
-def progress(done: int, total: int, what: str) -> None:
-    """One self-overwriting line on stderr for long operations (only on a terminal)."""
-    if sys.stderr.isatty():
-        end = "\n" if done >= total else ""
-        print(f"\r{what}: {done}/{total}", end=end, file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from conveyor import broker as brokers
+from conveyor.cli.output import json_argument
 from conveyor.client import Client
 from conveyor.config import Settings, env_flag
 from conveyor.errors import ConfigError
@@ -20,27 +21,17 @@ from conveyor.events import FINAL, Event
 from conveyor.message import Message, new_id
 
 
-def _json(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from None
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a JSON {kind.__name__}, got {text!r}")
-        return value
-    return parse
-
-
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("enqueue", help="publish a task from the command line",
                             description=__doc__)
     p.add_argument("name", help="registered task name, or with --command the program to run")
     p.add_argument("--command", nargs=argparse.REMAINDER, default=None,
                    help="publish NAME followed by these words as a shell-command workload")
     p.add_argument("-Q", "--queue", default="default", help="queue to publish to")
-    p.add_argument("--args", type=_json(list), default=[], help="positional args, a JSON list")
-    p.add_argument("--kwargs", type=_json(dict), default={}, help="keyword args, a JSON object")
+    p.add_argument("--args", type=json_argument(list), default=[],
+                   help="positional args, a JSON list")
+    p.add_argument("--kwargs", type=json_argument(dict), default={},
+                   help="keyword args, a JSON object")
     p.add_argument("--delay", type=float, default=0.0, help="seconds before it may run")
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--wait", action="store_true", help="wait for the outcome and print it")

@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from conveyor.admin import connection_flags, known_queues, opened_broker, opened_store, output
-from conveyor.admin import progress as show_progress
 from conveyor.broker import Broker, DeadLetter
+from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
+from conveyor.cli.output import output
+from conveyor.cli.output import progress as show_progress
 from conveyor.errors import ConfigError
 from conveyor.scheduler.runs import iso
 

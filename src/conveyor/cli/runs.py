@@ -1,6 +1,7 @@
-"""`conveyor runs list` and `conveyor tasks show`: runs and task instances from the state store.
+"""`conveyor runs show|list` and `conveyor tasks show`: runs and task instances, from the
+state store.
 
-`runs show RUN_ID` (the scheduler's) prints one run's tasks; `runs list` finds runs (newest
+`runs show RUN_ID` prints one run's tasks; `runs list` finds runs (newest
 first, by DAG and state); `tasks show RUN_ID TASK_ID` prints one task instance with every
 attempt: where it ran, how it ended, and the error.
 """
@@ -11,15 +12,25 @@ import argparse
 import json
 from typing import Any
 
-from conveyor.admin import connection_flags, opened_store, output
+from conveyor.cli.connections import connection_flags, opened_store
+from conveyor.cli.output import output, table
+from conveyor.scheduler.cli import common_flags, config_from
 from conveyor.scheduler.errors import RunError
 from conveyor.scheduler.runs import iso
+from conveyor.state import store as stores
+from conveyor.state.store import Store
 
 STATES = ("queued", "running", "success", "failed")
+DONE = ("success", "failed")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    runs = _subcommands(commands.choices["runs"])
+    runs = commands.add_parser("runs", help="inspect runs").add_subparsers(
+        dest="runs_command", required=True)
+    show = runs.add_parser("show", help="each task's state, attempts, timings and error")
+    show.add_argument("run_id", help="run id (printed by trigger and submit)")
+    common_flags(show, dags=False)
+    show.set_defaults(run=run_runs_show)
     listing = runs.add_parser("list", help="runs, newest first")
     listing.add_argument("--dag", default="", help="only runs of this DAG")
     listing.add_argument("--run-state", default="", choices=("", *STATES), help="only runs "
@@ -36,9 +47,54 @@ def register(commands: argparse._SubParsersAction) -> None:
     show.set_defaults(run=run_tasks_show)
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
-    """The sub-command group of a command declared elsewhere (`runs`, the scheduler's)."""
-    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+def run_runs_show(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    store = stores.from_url(config.settings.state_url)
+    try:
+        return show_run(store, args.run_id, args.json)
+    finally:
+        store.close()
+
+
+def show_run(store: Store, run_id: str, as_json: bool) -> int:
+    run = store.one("run", run_id=run_id)
+    if run is None:
+        raise RunError(f"no run {run_id!r} in the state store: check the id and --state")
+    tasks = store.rows("run_tis", run_id=run_id)
+    attempts = store.rows("run_attempts", run_id=run_id)
+    if as_json:
+        print(json.dumps({"run": run, "tasks": [_task_doc(t) for t in tasks],
+                          "attempts": attempts}, indent=2))
+        return 0
+    took = f" in {run['ended_at'] - run['started_at']:.2f} s" \
+        if run["ended_at"] and run["started_at"] else ""
+    print(f"run {run['run_id']} of {run['dag_id']} (version {run['dag_version']}, "
+          f"{run['run_type']}): {run['state']}{took}")
+    print(f"logical date {iso(run['logical_date'])}, created {iso(run['created_at'])}\n")
+    print(table([_task_line(t) for t in tasks], ["task", "state", "attempt", "executor",
+                                                  "queue", "started", "took", "host",
+                                                  "error"]))
+    retried = [a for a in attempts if a["outcome"] != "succeeded"]
+    if retried:
+        names = {t["ti_id"]: t["task_id"] for t in tasks}
+        print("\nfailed attempts:")
+        for a in retried:
+            print(f"  {names[a['ti_id']]} #{a['attempt']} {iso(a['ended_at'])}: "
+                  f"{(a['error'] or '').splitlines()[0] if a['error'] else a['outcome']}")
+    return 0
+
+
+def _task_doc(ti: dict[str, Any]) -> dict[str, Any]:
+    return {**ti, "spec": json.loads(ti["spec"])}
+
+
+def _task_line(ti: dict[str, Any]) -> dict[str, Any]:
+    took = ti["ended_at"] - ti["started_at"] if ti["ended_at"] and ti["started_at"] else None
+    return {"task": ti["task_id"], "state": ti["state"],
+            "attempt": f"{ti['attempt']}/{ti['max_attempts']}", "executor": ti["executor"],
+            "queue": ti["queue"], "started": iso(ti["started_at"])[11:23],
+            "took": f"{took:.3f}s" if took is not None else "", "host": ti["hostname"] or "",
+            "error": (ti["error"] or "").split("\n", 1)[0][:80]}
 
 
 def run_runs_list(args: argparse.Namespace) -> int:

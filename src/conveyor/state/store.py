@@ -15,9 +15,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from conveyor import sqlfiles
-from conveyor.broker import data_dir, redact
-from conveyor.broker.sqlite import path_from_url
 from conveyor.errors import ConfigError
+from conveyor.locations import data_dir, path_from_url, redact
 
 Row = dict[str, Any]
 
@@ -33,7 +32,7 @@ class Store:
     dialect = ""
 
     def __init__(self) -> None:
-        self.queries = sqlfiles.load("conveyor.scheduler", f"sql/{self.dialect}.sql")
+        self.queries = sqlfiles.load("conveyor.state", f"sql/{self.dialect}.sql")
         self._depth = 0
 
     @contextmanager
