@@ -19,7 +19,7 @@ from conveyor.tasks import Task
 #: Modules a plain `import conveyor` must not load (the worker's footprint).
 HEAVY = ("croniter", "dateutil", "kubernetes", "redis", "pika", "psycopg", "kombu", "tenacity",
          "prometheus_client", "conveyor.broker", "conveyor.scheduler.daemon",
-         "conveyor.scheduler.store", "conveyor.worker", "conveyor.autoscaler", "conveyor.cli")
+         "conveyor.state", "conveyor.worker", "conveyor.autoscaler", "conveyor.cli")
 
 
 def test_every_name_in_all_is_importable_and_public() -> None:
