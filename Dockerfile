@@ -14,10 +14,17 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     CONVEYOR_HOME=/var/lib/conveyor
-# Tasks run as this user too: runners are non-dumpable and scrubbed of the worker's
-# credentials, and the image gives them nothing else to read.
+# Two users. `conveyor` (10001, the default USER) runs the scheduler, the autoscaler,
+# `conveyor up` and the operator commands. `conveyor-task` (10002) is for task code: the
+# compose file and the Kubernetes manifests start workers as root with every capability
+# dropped but SETUID, SETGID and KILL, and `--uid=conveyor-task`, so a task cannot read,
+# trace, signal or re-limit its worker (README: Security model). The home is 0755 so that
+# such a root worker, which has no CAP_DAC_OVERRIDE, can still look for conveyor.toml in it.
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/conveyor \
-      --shell /usr/sbin/nologin conveyor
+      --shell /usr/sbin/nologin conveyor \
+ && chmod 0755 /var/lib/conveyor \
+ && useradd --system --uid 10002 --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin conveyor-task
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links=/wheels conveyor \
  && rm -rf /wheels

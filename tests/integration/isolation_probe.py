@@ -99,6 +99,18 @@ def _own_cgroup_cap() -> str:
     return "none"
 
 
+def _own_rlimit_cap() -> str:
+    """Try to raise this task's own RLIMIT_AS hard limit (the fallback's cap), if it has one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard == resource.RLIM_INFINITY:
+        return "none"
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard * 2))
+    except ValueError:  # Python's word for EPERM here
+        return "EPERM"
+    return "ok"
+
+
 def _rewrite(path: Path) -> None:
     path.write_text(path.read_text())
 
@@ -114,7 +126,8 @@ def probe(supervisor: int, sibling_marker: str = "") -> dict[str, object]:
             seen = results.setdefault(role, {}).setdefault(check, [])
             if outcome not in seen:
                 seen.append(outcome)
-    return {"uid": os.getuid(), "roles": results, "cgroup_cap": _own_cgroup_cap()}
+    return {"uid": os.getuid(), "roles": results, "cgroup_cap": _own_cgroup_cap(),
+            "rlimit_cap": _own_rlimit_cap()}
 
 
 @task(name="iso.sleep")

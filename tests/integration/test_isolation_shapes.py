@@ -152,14 +152,16 @@ def test_not_root_without_uid_closes_memory_and_environ_but_not_signals(shared: 
     url = f"sqlite:///{shared}/broker.db"
     broker = from_url(url)
     try:
-        report, out = _run_worker(broker, url, "q", shared, prefix=tuple(AS_NOBODY),
-                                  python=python, pythonpath=pythonpath)
+        report, out = _run_worker(broker, url, "q", shared, "--max-memory-per-child=1GiB",
+                                  prefix=tuple(AS_NOBODY), python=python,
+                                  pythonpath=pythonpath)
     finally:
         broker.close()
     assert report["uid"] == NOBODY, out
     same_uid = {**CLOSED, "signal": ["ok"], "prlimit": ["ok"]}
     _assert_roles(report, dict.fromkeys(ROLES, same_uid), out)
     assert report["cgroup_cap"] != "ok", out
+    assert report["rlimit_cap"] == "EPERM", out  # the fallback's cap is a hard limit
     assert "tasks run as this worker's uid 65534" in out, out
     assert "task memory caps fall back to RLIMIT_AS" in out, out  # no cgroups for non-root
 

@@ -148,3 +148,45 @@ def test_dockerfile_installs_the_package_from_this_tree_without_caches() -> None
 def test_dockerfile_exposes_the_metrics_ports_compose_scrapes() -> None:
     exposed = {int(p) for op, arg in final_stage() if op == "EXPOSE" for p in arg.split()}
     assert set(metrics_ports().values()) <= exposed
+
+
+# -- the shape workers run in (README: Security model) -----------------------------------------
+
+#: What a root worker needs to drop tasks to another uid and stop them; nothing more.
+WORKER_CAPABILITIES = {"SETUID", "SETGID", "KILL"}
+
+
+def image_users() -> dict[str, int]:
+    """Users the Dockerfile's final stage creates: name -> uid."""
+    users = {}
+    for op, arg in final_stage():
+        for command in arg.split("&&") if op == "RUN" else []:
+            words = shlex.split(command)
+            if words and words[0] == "useradd":
+                users[words[-1]] = int(words[words.index("--uid") + 1])
+    return users
+
+
+def test_the_image_has_an_unprivileged_task_user_apart_from_the_service_user() -> None:
+    users = image_users()
+    service = final_stage()[[op for op, _ in final_stage()].index("USER")][1].split(":")[0]
+    assert users.get("conveyor-task", 0) >= 1000
+    assert users["conveyor-task"] not in (int(service), 0)
+
+
+@pytest.mark.parametrize("name", sorted(WORKERS))
+def test_workers_run_tasks_as_the_task_user_with_only_the_capabilities_for_that(
+        name: str) -> None:
+    """Root in the container, tasks dropped to conveyor-task: the safest shape."""
+    worker = WORKERS[name]
+    assert flag(worker["command"], "uid") in image_users()
+    assert flag(worker["command"], "uid") != "conveyor"
+    assert worker["user"] in ("0", "0:0", "root")
+    assert worker["cap_drop"] == ["ALL"] and set(worker["cap_add"]) == WORKER_CAPABILITIES
+    assert "no-new-privileges:true" in worker["security_opt"]
+    assert not worker.get("privileged")
+
+
+@pytest.mark.parametrize("name", sorted(set(CONVEYOR) - set(WORKERS)))
+def test_services_that_run_no_task_keep_the_images_unprivileged_user(name: str) -> None:
+    assert SERVICES[name].get("user") is None and not SERVICES[name].get("privileged")

@@ -178,3 +178,28 @@ def test_secrets_are_referenced_never_inlined() -> None:
     for deployment in objects("Deployment").values():
         for env in container(deployment).get("env", []):
             assert "value" not in env or "URL" not in env["name"], env
+
+
+# -- the shape workers run in (README: Security model) -----------------------------------------
+
+WORKER_CAPABILITIES = {"SETUID", "SETGID", "KILL"}
+
+
+@pytest.mark.parametrize("name", sorted(workers()))
+def test_workers_run_tasks_as_the_task_user_with_only_the_capabilities_for_that(
+        name: str) -> None:
+    """Root in the container, tasks dropped to the image's conveyor-task user (--uid)."""
+    deployment = workers()[name]
+    assert flags(deployment)["uid"] == "conveyor-task"
+    context = container(deployment)["securityContext"]
+    assert context["runAsUser"] == 0 and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert set(context["capabilities"]["add"]) == WORKER_CAPABILITIES
+    assert not context.get("privileged")
+
+
+@pytest.mark.parametrize("name", sorted(set(objects("Deployment")) - set(workers())))
+def test_what_runs_no_task_runs_unprivileged(name: str) -> None:
+    context = container(objects("Deployment")[name])["securityContext"]
+    assert context["runAsNonRoot"] is True and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
