@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite on a fresh machine (the README's second command).
 # Installs the package with its dev extras into .venv, starts PostgreSQL, Redis and
-# RabbitMQ if they are stopped, and runs pytest. With CI=true a service that cannot be
+# RabbitMQ if they are stopped, checks the code (ruff, mypy: either failing fails the run),
+# and runs pytest. With CI=true a service that cannot be
 # started fails the run instead of skipping its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +27,6 @@ start_service redis 6379 redis-server --daemonize yes --bind 127.0.0.1 -::1 --po
 start_service rabbitmq 5672 sh -c 'ulimit -n 65536 2>/dev/null; exec rabbitmq-server -detached'
 up 5672 && { rabbitmq-plugins -q enable rabbitmq_management >/dev/null || echo "could not enable rabbitmq_management: RabbitMQ depth() will fail" >&2; }  # idempotent, online
 
+"$VENV/bin/ruff" check -q src tests benchmarks
+"$VENV/bin/mypy" src
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

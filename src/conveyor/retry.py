@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tenacity import wait_exponential, wait_random
+from tenacity.wait import wait_base
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ def backoff_delay(attempt: int, base: float = 1.0, cap: float = 300.0,
 
     base * 2**(attempt-1), plus up to `base` seconds of random jitter, never above `cap`.
     """
-    strategy = wait_exponential(multiplier=base, max=cap)
+    strategy: wait_base = wait_exponential(multiplier=base, max=cap)
     if jitter:  # wait_exponential_jitter's `initial` is deprecated, `multiplier` is new in 9
         strategy = strategy + wait_random(0, base)
     return float(min(cap, strategy(_Attempt(max(1, attempt)))))  # type: ignore[arg-type]

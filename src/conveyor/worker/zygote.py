@@ -46,8 +46,9 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        watched: list[socket.socket | int] = [self.control, self._wake_r]
         while True:
-            readable, _, _ = select.select([self.control, self._wake_r], [], [])
+            readable, _, _ = select.select(watched, [], [])
             if self._wake_r in readable:
                 os.read(self._wake_r, 4096)
                 self._reap()

@@ -1,0 +1,150 @@
+"""The package's import graph, read from the source: no cycles, and no import against the layers.
+
+Layers, bottom to top (a module may import its own layer's base modules and any layer
+below, never above; sibling packages of one layer stay apart):
+
+    base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles
+    carriers: broker, state
+    client:   client (publishes through a broker)
+    parts:    worker, scheduler, autoscaler, celery_intake
+    commands: cli
+
+Lazy imports (inside a function) count: they are still a dependency, only a later one.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+#: The source, read as text: importing it would fail on a cycle before the test could say where.
+ROOT = Path(__file__).parents[2] / "src" / "conveyor"
+LAYERS = [
+    {"config", "errors", "message", "tasks", "retry", "logs", "events", "locations", "sqlfiles"},
+    {"broker", "state"},
+    {"client"},
+    {"worker", "scheduler", "autoscaler", "celery_intake"},
+    {"cli"},
+]
+#: Imports against the layers that are meant, each with its reason: (importer, imported).
+ALLOWED = {
+    ("conveyor.tasks", "conveyor.client"):
+        "Task.delay()/apply_async() publish through the default client, imported when called",
+    ("conveyor.worker.cli", "conveyor.celery_intake"):
+        "`conveyor worker --celery-queues` runs the Celery intake beside the worker, imported "
+        "only when asked for",
+}
+#: The package itself is the public API (`from conveyor import task, DAG, Client`): it sits
+#: above everything it re-exports and nothing inside the package imports it.
+FACADE = "conveyor"
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """(module imported, line) for every `conveyor` import in the file, lazy ones too."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, node.lineno) for a in node.names
+                        if a.name.split(".")[0] == "conveyor")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == "conveyor":
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"   # `from conveyor import broker`
+                yield (sub if sub in known else node.module), node.lineno
+
+
+def graph() -> dict[str, dict[str, int]]:
+    known = modules()
+    return {name: {target: line for target, line in imports(path, known) if target != name}
+            for name, path in known.items()}
+
+
+def group(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def layer(module: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if group(module) in names)
+
+
+def allowed(importer: str, imported: str) -> bool:
+    if importer == FACADE or group(importer) == group(imported):
+        return True
+    if any(importer.startswith(a) and imported.startswith(b) for a, b in ALLOWED):
+        return True
+    below, same = layer(imported) < layer(importer), layer(imported) == layer(importer)
+    return below or (same and layer(importer) == 0)
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    unplaced = sorted({group(m) for m in modules() if m != FACADE}
+                      - set().union(*LAYERS))
+    assert not unplaced, f"put these in a layer of this test: {unplaced}"
+
+
+def test_no_import_goes_up_or_sideways() -> None:
+    paths = modules()
+    wrong = [f"{paths[name]}:{line}: {name} imports {target}"
+             for name, targets in graph().items() for target, line in targets.items()
+             if target != FACADE and not allowed(name, target)]
+    assert not wrong, "imports against the layering (see this test's docstring):\n" + \
+        "\n".join(wrong)
+
+
+def test_every_allowed_exception_is_still_needed() -> None:
+    edges = {(a, b) for a, targets in graph().items() for b in targets}
+    stale = [pair for pair in ALLOWED
+             if not any(a.startswith(pair[0]) and b.startswith(pair[1]) for a, b in edges)]
+    assert not stale, f"remove these exceptions, nothing needs them: {stale}"
+
+
+def test_no_import_cycle() -> None:
+    edges = graph()
+    cycles = [cycle for cycle in (_cycle_from(start, edges) for start in edges) if cycle]
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _cycle_from(start: str, edges: dict[str, dict[str, int]]) -> list[str]:
+    """A path start -> ... -> start, if there is one (depth-first)."""
+    path, seen = [start], set()
+
+    def walk(node: str) -> bool:
+        for nxt in edges.get(node, {}):
+            if nxt == start:
+                path.append(nxt)
+                return True
+            if nxt in edges and nxt not in seen:
+                seen.add(nxt)
+                path.append(nxt)
+                if walk(nxt):
+                    return True
+                path.pop()
+        return False
+
+    return path if walk(start) else []
+
+
+def test_the_worker_command_loads_only_what_a_worker_needs() -> None:
+    """`conveyor worker` builds a lean parser: no scheduler daemon, autoscaler, state store
+    client or operator command is imported (the worker's footprint, in every process)."""
+    code = ("import sys; from conveyor import cli; cli.build_parser('worker'); "
+            "print('\\n'.join(m for m in sys.modules if m.startswith('conveyor')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    heavy = [m for m in loaded if m.startswith(("conveyor.autoscaler", "conveyor.cli.",
+                                                "conveyor.state", "conveyor.celery_intake"))
+             or (m.startswith("conveyor.scheduler.")
+                 and m not in ("conveyor.scheduler.dag", "conveyor.scheduler.errors"))]
+    assert "conveyor.worker.cli" in loaded and not heavy, heavy
