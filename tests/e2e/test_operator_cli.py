@@ -172,3 +172,140 @@ def test_json_logs_carry_the_task_ids_on_every_task_line(tmp_path: Path, unique:
     assert docs and all(set(d) >= {"at", "level", "logger", "message"} for d in docs)
     [done] = [d for d in docs if "succeeded" in d["message"]]
     assert (done["task"], done["message_id"], done["attempt"]) == ("t.add", sent.id, 1)
+
+
+def dead_letter_bodies(url: str, queue: str, bodies: list[bytes], reason: str) -> None:
+    """Publish raw bodies (binary, huge: what a foreign producer sends) and dead-letter them."""
+    with from_url(url) as broker:
+        for body in bodies:
+            broker.publish(queue, body)
+        held = []
+        for delivery in broker.consume([queue], prefetch=len(bodies), timeout=2.0):
+            assert delivery is not None, "published bodies did not come back"
+            held.append(delivery)
+            if len(held) == len(bodies):
+                break
+        for delivery in held:
+            broker.dead_letter(delivery, reason)
+
+
+def cli_bytes(*argv: str) -> subprocess.CompletedProcess[bytes]:
+    """The real command in a process of its own, its stdout as bytes (for --raw)."""
+    return subprocess.run([sys.executable, "-m", "conveyor.cli", *argv], capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+                          timeout=60)
+
+
+def test_show_finds_a_dead_letter_by_the_message_id_enqueue_printed(
+        capsys: pytest.CaptureFixture[str], broker_url: str, clean_env: Path,
+        unique: str) -> None:
+    queue = f"q-{unique}"
+    flags = ["-Q", queue, "--broker", broker_url, "--state", f"sqlite:///{clean_env}/s.db"]
+    code, out, _ = run(capsys, "enqueue", "billing.nowhere", "-Q", queue, "--broker",
+                       broker_url)
+    printed = json.loads(out)["id"]
+    worker = finish(start_worker(broker_url, queue, env=worker_env(broker_url)))
+    assert code == 0 and "unknown task" in worker, worker
+    code, out, err = run(capsys, "dead-letters", "show", printed, *flags)
+    assert code == 0, err
+    assert f"message_id:  {printed}" in out and "unknown task 'billing.nowhere'" in out
+    code, out, _ = run(capsys, "dead-letters", "list", "--json", *flags)
+    [row] = json.loads(out)["dead_letters"]
+    assert row["message_id"] == printed
+    code, by_dead_id, _ = run(capsys, "dead-letters", "show", row["id"], *flags)
+    assert code == 0 and f"message_id:  {printed}" in by_dead_id
+
+
+def test_list_shows_whole_reasons_wrapped_to_the_terminal_or_wide(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, broker_url: str,
+        clean_env: Path, unique: str) -> None:
+    queue = f"q-{unique}"
+    flags = ["-Q", queue, "--broker", broker_url, "--state", f"sqlite:///{clean_env}/s.db"]
+    reason = ("failed: ValueError('the partner API answered 422 Unprocessable Entity for "
+              "invoice 2026-11-23/7731 because its currency field was empty') on its last "
+              "attempt of 4, ends-here-" + unique)
+    dead_letter(broker_url, queue, ["billing.send_invoice"], reason)
+    code, out, _ = run(capsys, "dead-letters", "list", *flags)
+    assert code == 0 and reason in out.splitlines()[1], "into a pipe: one line per dead letter"
+    for columns in (160, 100, 60):   # wrapped in its column; under the row when narrow
+        monkeypatch.setenv("COLUMNS", str(columns))
+        code, out, _ = run(capsys, "dead-letters", "list", *flags)
+        assert code == 0 and max(len(line) for line in out.splitlines()) <= max(
+            columns, len(out.splitlines()[0])), out
+        assert len(out.splitlines()) > 2, out
+        assert " ".join(reason.split()) in " ".join(out.split()), f"lost words:\n{out}"
+    code, out, _ = run(capsys, "dead-letters", "list", "--wide", *flags)
+    assert code == 0 and reason in out.splitlines()[1]
+
+
+def test_show_previews_a_binary_or_huge_body_and_raw_gives_every_byte(
+        capsys: pytest.CaptureFixture[str], broker_url: str, clean_env: Path,
+        unique: str) -> None:
+    queue = f"q-{unique}"
+    flags = ["-Q", queue, "--broker", broker_url, "--state", f"sqlite:///{clean_env}/s.db"]
+    binary = bytes(range(256)) * 800 + b"\x1b[2J"          # 200 KiB, with a terminal escape
+    text = ("line of a huge text body\n" * 20_000).encode()  # 500 KB of text
+    dead_letter_bodies(broker_url, queue, [binary, text], "bad message: not JSON")
+    code, out, _ = run(capsys, "dead-letters", "list", "--json", *flags)
+    ids = [r["id"] for r in json.loads(out)["dead_letters"]]
+    assert len(ids) == 2, out
+    shown = {}
+    for dead_id in ids:
+        code, out, _ = run(capsys, "dead-letters", "show", dead_id, *flags)
+        assert code == 0 and len(out) < 20_000, f"show printed {len(out)} characters"
+        assert all(c.isprintable() or c == "\n" for c in out), "show printed control bytes"
+        shown[dead_id] = out
+        raw = cli_bytes("dead-letters", "show", dead_id, "--raw", *flags)
+        assert raw.returncode == 0 and raw.stdout in (binary, text), raw.stderr
+        shown[dead_id] += f"RAW={raw.stdout == binary}"
+    [as_hex] = [o for o in shown.values() if o.endswith("RAW=True")]
+    assert "body: 204,804 bytes, not text" in as_hex and "00 01 02 03" in as_hex
+    [cut] = [o for o in shown.values() if o.endswith("RAW=False")]
+    assert "body (500,000 bytes), the first 16,384 characters" in cut and "--raw" in cut
+
+
+def test_celery_intake_rejections_show_up_without_naming_their_queue(
+        capsys: pytest.CaptureFixture[str], broker_url: str, clean_env: Path,
+        unique: str) -> None:
+    """A pickled Celery message is rejected by the intake of a running worker; status and
+    dead-letters list find it (on celery.<queue>.rejected) with no -Q, show by its task id."""
+    from tests.integration.celery_app import producer
+    from tests.integration.test_celery_intake import delete_celery_side
+    require_service("redis")
+    celery_queue = f"cq-{unique}"
+    state = f"sqlite:///{clean_env}/s.db"
+    flags = ["--broker", broker_url, "--state", state]
+    app = producer(REDIS_URL, REDIS_URL, celery_queue)
+    worker = start_worker(broker_url, "default", f"--celery-queues={celery_queue}",
+                          f"--celery-broker={REDIS_URL}", burst=False,
+                          env=worker_env(broker_url, CONVEYOR_STATE_URL=state))
+    try:
+        pickled = app.send_task("t.add", args=(1, 2), serializer="pickle")
+        rejected = f"celery.{celery_queue}.rejected"
+        row = wait_for_dead_letter(capsys, flags, rejected, worker)
+        assert row["message_id"] == pickled.id and "pickle" in row["reason"]
+        code, out, _ = run(capsys, "status", "--json", *flags)
+        [depth] = [q for q in json.loads(out)["queues"] if q["queue"] == rejected]
+        assert code == 0 and depth["dead"] == 1
+        code, out, _ = run(capsys, "dead-letters", "show", pickled.id, *flags)
+        assert code == 0 and f"queue:       {rejected}" in out and "body_base64" in out
+    finally:
+        worker.terminate()
+        worker.communicate(timeout=60)
+        app.close()
+        delete_celery_side("redis", celery_queue, [])
+
+
+def wait_for_dead_letter(capsys: pytest.CaptureFixture[str], flags: list[str], queue: str,
+                         worker: subprocess.Popen[str]) -> dict[str, object]:
+    """The first dead letter `dead-letters list` (no -Q) shows on `queue`, within 30 s."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and worker.poll() is None:
+        code, out, err = run(capsys, "dead-letters", "list", "--json", *flags)
+        assert code == 0, err
+        rows = [r for r in json.loads(out)["dead_letters"] if r["queue"] == queue]
+        if rows:
+            return dict(rows[0])
+        time.sleep(0.2)
+    worker.terminate()
+    raise AssertionError(f"no dead letter on {queue}:\n{worker.communicate(timeout=60)[0]}")

@@ -8,11 +8,7 @@ format, so `AsyncResult(id).get()` in the producer keeps working. See
 docs/migrating-from-celery.md for the migration path.
 
 Modules: `protocol` (pure conversion), `feed` (Celery's queues in), `outcomes` and `results`
-(results out, rejected messages to dead letters), `intake` (the two threads in the worker).
+(results out, rejected messages to dead letters), `intake` (the two threads in the worker),
+`names` (its queues). This package imports none of them, so the operator commands can use
+`names` without kombu; the worker imports `conveyor.celery_intake.intake` when it needs it.
 """
-
-from __future__ import annotations
-
-from conveyor.celery_intake.intake import Intake, IntakeConfig
-
-__all__ = ["Intake", "IntakeConfig"]

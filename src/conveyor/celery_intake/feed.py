@@ -28,6 +28,7 @@ from kombu.message import Message as KombuMessage
 from kombu.mixins import ConsumerMixin
 
 from conveyor.celery_intake.conversion import Accepted, CeleryMessage, Rejected, convert
+from conveyor.celery_intake.names import intake_queue, rejects_queue
 from conveyor.client import Client
 from conveyor.errors import ConfigError, MessageError
 from conveyor.locations import redact
@@ -37,17 +38,6 @@ log = logging.getLogger("conveyor.celery_intake")
 
 #: Query options of --celery-broker that are kombu transport options, not URL parts.
 TRANSPORT_OPTIONS = {"visibility_timeout": float, "global_keyprefix": str}
-
-
-def intake_queue(celery_queue: str) -> str:
-    """The Conveyor queue Celery queue `celery_queue` feeds (never the same name: on a shared
-    RabbitMQ a Conveyor quorum queue and Celery's classic queue cannot share one)."""
-    return f"celery.{celery_queue}"
-
-
-def rejects_queue(celery_queue: str) -> str:
-    """Where messages of `celery_queue` that cannot run wait to be dead-lettered."""
-    return f"celery.{celery_queue}.rejected"
 
 
 def celery_connection(url: str) -> kombu.Connection:

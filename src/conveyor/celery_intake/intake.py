@@ -20,7 +20,8 @@ from typing import Any
 import kombu
 
 from conveyor import broker as brokers
-from conveyor.celery_intake.feed import Feed, celery_connection, intake_queue, rejects_queue
+from conveyor.celery_intake.feed import Feed, celery_connection
+from conveyor.celery_intake.names import intake_queue, rejects_queue
 from conveyor.celery_intake.outcomes import RESULTS_QUEUE, OutcomeLoop
 from conveyor.celery_intake.results import RedisResults
 from conveyor.client import Client

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from conveyor import broker as brokers
+from conveyor.celery_intake.names import rejects_of
 from conveyor.config import Settings, env_flag
 from conveyor.scheduler.config import CONTROL_QUEUE
 from conveyor.scheduler.engine import EVENTS_QUEUE
@@ -58,11 +59,24 @@ def known_queues(store: Store | None, extra: Sequence[str] = ()) -> list[str]:
     """Queues named by flags, registered workers and recent runs, plus the usual ones.
 
     Brokers cannot list their queues portably, so status and dead-letter commands look at
-    the queues someone uses; `--queue` adds any other.
+    the queues someone uses; `--queue` adds any other. A worker with `--celery-queues`
+    registers the intake queues, which bring their rejected queues (while it runs).
     """
     found = [*extra, *ALWAYS]
     if store is not None:
         for row in store.rows("workers"):
             found += row["queues"].split(",")
         found += [row["queue"] for row in store.rows("queues_in_use", limit=RECENT)]
-    return list(dict.fromkeys(q for q in found if q))
+    return list(dict.fromkeys(q for q in _with_rejects(found) if q))
+
+
+def _with_rejects(queues: Sequence[str]) -> list[str]:
+    """Each queue, followed by the Celery intake's rejected queue when it is an intake queue:
+    the messages the intake could not run are dead letters there, and nobody should have to
+    know that queue's name to see them."""
+    found: list[str] = []
+    for queue in queues:
+        rejects = rejects_of(queue)
+        found += [queue, rejects] if rejects else [queue]
+    return found
+

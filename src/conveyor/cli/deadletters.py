@@ -6,19 +6,29 @@ queue (`-Q`, repeatable; default: the queues in use), by id (`--id`, repeatable)
 reason (`--reason TEXT`, a case-insensitive substring). `requeue` puts the selection back
 on its queue with a fresh delivery count; `purge` deletes it for good. Both need a
 selection (`--id`, `--reason` or `--all`), so nothing is requeued or lost by accident.
+
+`show` takes the dead letter's id or the message id `conveyor enqueue` printed (a Celery
+task id, for messages the Celery intake rejected). It prints a text body (JSON indented) up
+to 16 KiB, and for anything else its size and the first bytes in hex: `--raw` writes the
+whole body, byte for byte, to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
+import shutil
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.broker import Broker, DeadLetter
 from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
-from conveyor.cli.output import output
+from conveyor.cli.output import output, table
 from conveyor.cli.output import progress as show_progress
 from conveyor.errors import ConfigError
 from conveyor.scheduler.runs import iso
@@ -27,6 +37,12 @@ from conveyor.scheduler.runs import iso
 SCAN = 100_000
 #: Ids per requeue or purge call: progress is reported between batches.
 BATCH = 500
+#: A text body longer than this (in characters) is cut on a terminal; `--raw` prints it all.
+TEXT_PREVIEW = 16 * 1024
+#: How many bytes of a binary body `show` prints in hex.
+HEX_PREVIEW = 256
+#: Narrowest reason column when `list` wraps reasons to the terminal.
+MIN_REASON_WIDTH = 30
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,9 +53,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing = verbs.add_parser("list", help="dead letters: id, queue, task, reason")
     _selection(listing)
     listing.add_argument("--limit", type=int, default=100, help="per queue (default 100)")
+    listing.add_argument("--wide", action="store_true", help="each reason whole on one line "
+                         "(default: reasons wrap to the terminal's width)")
     listing.set_defaults(run=run_list)
-    show = verbs.add_parser("show", help="one dead letter with its whole body")
-    show.add_argument("id", help="its id (from `dead-letters list`)")
+    show = verbs.add_parser("show", help="one dead letter: its reason and body")
+    show.add_argument("id", help="its id (from `dead-letters list`), or the message id "
+                      "`conveyor enqueue` printed")
+    show.add_argument("--raw", action="store_true", help="write the whole body, byte for byte, "
+                      "to stdout (and nothing else)")
     _selection(show, ids=False)
     show.set_defaults(run=run_show)
     for verb, run, what in (("requeue", run_requeue, "put back on their queue"),
@@ -96,33 +117,126 @@ def run_list(args: argparse.Namespace) -> int:
     names = queues(args)
     with opened_broker(args) as broker:
         rows = [summary(d) for q in names for d in select(broker, q, args, args.limit)]
-    output({"queues": names, "dead_letters": rows}, [{**r, "reason": r["reason"][:70]}
-           for r in rows], ["id", "queue", "task", "deliveries", "dead_at", "reason"], args.json)
+    columns = ["id", "queue", "task", "deliveries", "dead_at", "reason"]
+    if args.json:
+        output({"queues": names, "dead_letters": rows}, [], [], True)
+    else:
+        print(wrapped_table(rows, columns, _width(args.wide)))
     return 0
 
 
+def _width(wide: bool) -> int | None:
+    """The width to wrap to: the terminal's (or $COLUMNS); None on --wide or into a pipe, so
+    a script or grep sees one line per dead letter."""
+    if wide or not ("COLUMNS" in os.environ or sys.stdout.isatty()):
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def wrapped_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
+                  width: int | None) -> str:
+    """A table whose last column (the reason) is never cut: it wraps within its column to
+    fit `width`, or, when the other columns leave it too little room, on indented lines
+    under its row. `width` None: one line per row, however long."""
+    *others, last = columns
+    if width is None or not rows:
+        return table(rows, columns)
+    used = sum(max(len(c), *(len(str(r.get(c, ""))) for r in rows)) + 2 for c in others)
+    if width - used >= MIN_REASON_WIDTH:
+        lines: list[dict[str, Any]] = []
+        for row in rows:
+            first, *more = _wrap(str(row.get(last, "")), width - used)
+            lines += [{**row, last: first}, *({last: part} for part in more)]
+        return table(lines, columns)
+    header, *body = table(rows, others).splitlines()
+    out = [f"{header}  ({last.upper()} below each row)"]
+    for line, row in zip(body, rows, strict=True):
+        out += [line, *(f"    {part}" for part in _wrap(str(row.get(last, "")), width - 4))]
+    return "\n".join(out)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, max(width, 10), break_on_hyphens=False) or [""]
+
+
 def run_show(args: argparse.Namespace) -> int:
+    names = queues(args)
     with opened_broker(args) as broker:
-        for queue in queues(args):
-            for dead in broker.dead_letters(queue, limit=SCAN):
-                if dead.id == args.id:
-                    _print_one(dead, args.json)
-                    return 0
-    raise ConfigError(f"no dead letter {args.id!r} in queues {', '.join(queues(args))}: "
-                      "check the id with `conveyor dead-letters list`, and pass its -Q queue")
+        found = [d for q in names for d in broker.dead_letters(q, limit=SCAN)
+                 if args.id in (d.id, _message_id(d))]
+    if not found:
+        raise ConfigError(f"no dead letter or message {args.id!r} in queues "
+                          f"{', '.join(names)}: check the id with `conveyor dead-letters "
+                          "list`, and pass its -Q queue")
+    if args.raw:
+        if len(found) > 1:
+            raise ConfigError(f"{args.id!r} names {len(found)} dead letters: pass one of their "
+                              f"ids ({', '.join(d.id for d in found)}) with --raw")
+        sys.stdout.buffer.write(found[0].body)
+        sys.stdout.flush()
+        return 0
+    for index, dead in enumerate(found):
+        if index and not args.json:
+            print()
+        _print_one(dead, args.json)
+    return 0
+
+
+def _message_id(dead: DeadLetter) -> str:
+    body = _body(dead.body)
+    return str(body.get("id", "")) if body else ""
 
 
 def _print_one(dead: DeadLetter, as_json: bool) -> None:
     body = _body(dead.body)
-    doc = {**summary(dead), "body": body if body is not None else
-           dead.body.decode("utf-8", "replace")}
     if as_json:
-        print(json.dumps(doc, indent=2))
+        raw = {"body": body} if body is not None else {
+            "body_base64": base64.b64encode(dead.body).decode()}
+        print(json.dumps({**summary(dead), "body_bytes": len(dead.body), **raw}, indent=2))
         return
+    doc = summary(dead)
     for key in ("id", "queue", "task", "message_id", "deliveries", "dead_at", "reason"):
         print(f"{key + ':':12} {doc[key]}")
-    print("body:")
-    print(json.dumps(body, indent=2) if body is not None else doc["body"])
+    print("\n".join(body_preview(dead.body)))
+
+
+def body_preview(raw: bytes) -> list[str]:
+    """What a terminal may show of a body: text (JSON indented) up to TEXT_PREVIEW
+    characters, else its size and its first bytes in hex; never binary, never megabytes."""
+    text = _text(raw)
+    size = f"{len(raw):,} bytes"
+    if text is None:
+        shown = raw[:HEX_PREVIEW]
+        return [f"body: {size}, not text; the first {len(shown)} in hex "
+                "(`--raw` writes all of it, e.g. `--raw > body.bin`):", *hexdump(shown)]
+    body = _body(raw)
+    if body is not None:
+        text = json.dumps(body, indent=2, ensure_ascii=False)
+    if len(text) <= TEXT_PREVIEW:
+        return [f"body ({size}):", text]
+    return [f"body ({size}), the first {TEXT_PREVIEW:,} characters:", text[:TEXT_PREVIEW],
+            f"... cut: `conveyor dead-letters show ID --raw` prints all {size}"]
+
+
+def _text(raw: bytes) -> str | None:
+    """`raw` as text, or None if it is not UTF-8 or holds control characters (a terminal
+    would act on escape sequences)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    printable = all(c.isprintable() or c in "\n\r\t" for c in text)
+    return text if printable else None
+
+
+def hexdump(data: bytes, per_line: int = 16) -> list[str]:
+    """`hexdump -C` lines: offset, bytes in hex, and the printable ASCII ones."""
+    lines = []
+    for offset in range(0, len(data), per_line):
+        chunk = data[offset:offset + per_line]
+        ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"  {offset:08x}  {chunk.hex(' '):<{per_line * 3 - 1}}  |{ascii_}|")
+    return lines
 
 
 def run_requeue(args: argparse.Namespace) -> int:

@@ -162,7 +162,7 @@ def _celery_intake(args: argparse.Namespace, settings: Settings) -> Any:
     """The Celery intake if --celery-queues was given (kombu is imported only then)."""
     if not args.celery_queues:
         return None
-    from conveyor.celery_intake import Intake, IntakeConfig
+    from conveyor.celery_intake.intake import Intake, IntakeConfig
     config = IntakeConfig(args.celery_queues, args.celery_broker, settings.broker_url,
                           args.celery_result_backend)
     return Intake(config, settings.codec())
