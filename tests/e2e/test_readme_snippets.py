@@ -8,7 +8,7 @@ embedded SQLite default), so a block that enqueues feeds the worker of the next 
   checked by importing it as a module (`billing.tasks`);
 - any other Python block runs as a script in the scratch directory;
 - a shell block (sh, bash, shell) runs with `bash -eo pipefail`, the worktree's `conveyor`
-  first on PATH;
+  first on PATH; in a `console` block only the `$ ` lines run (the others are output);
 - a TOML block is a `conveyor.toml`: `conveyor config show` must accept it (checked in a
   directory of its own, so its URLs never reach the other blocks).
 
@@ -31,8 +31,8 @@ import pytest
 
 README = Path(__file__).parents[2] / "README.md"
 BIN = Path(sys.executable).parent
-LANGUAGES = {"python": "python", "py": "python", "sh": "shell", "bash": "shell",
-             "shell": "shell", "toml": "toml"}
+LANGUAGES = {"python": "python", "py": "python", "python3": "python", "sh": "shell",
+             "bash": "shell", "shell": "shell", "console": "console", "toml": "toml"}
 FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
 MARKER = re.compile(r"^<!--\s*readme-test:\s*skip\b(?P<rest>.*?)-->\s*$")
 REASON = re.compile(r"^\s*\((?P<reason>.*\S.*)\)\s*$")
@@ -43,7 +43,7 @@ BLOCK_TIMEOUT = 60.0
 @dataclass(frozen=True)
 class Block:
     line: int           # of the opening fence, 1-based
-    kind: str           # python, shell, toml
+    kind: str           # python, shell, console, toml
     code: str
     skip: str = ""      # the marker's reason; "" = run it
 
@@ -135,6 +135,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def command_for(block: Block, root: Path) -> list[str]:
     if block.kind == "shell":
         return ["bash", "-eo", "pipefail", "-c", block.code]
+    if block.kind == "console":
+        commands = [line[2:] for line in block.code.splitlines() if line.startswith("$ ")]
+        return ["bash", "-eo", "pipefail", "-c", "\n".join(commands)]
     if block.kind == "toml":
         own = root / f"toml-{block.line}"
         own.mkdir(exist_ok=True)
@@ -193,9 +196,9 @@ def test_a_marker_without_reason_or_away_from_a_block_is_reported(text: str,
 def test_parse_reads_kinds_reasons_and_defined_files() -> None:
     text = ("# Title\n<!-- readme-test: skip (needs docker) -->\n```sh\ndocker ps\n```\n"
             "```python\n# pkg/mod.py: a module\nX = 1\n```\n```\ndiagram\n```\n"
-            "```toml\nconcurrency = 2\n```\n")
+            "```toml\nconcurrency = 2\n```\n```console\n$ conveyor status\nqueues\n```\n")
     blocks, problems = parse(text)
     assert problems == []
     assert [(b.line, b.kind, b.skip, b.module_file) for b in blocks] == [
         (3, "shell", "needs docker", ""), (6, "python", "", "pkg/mod.py"),
-        (13, "toml", "", "")]
+        (13, "toml", "", ""), (16, "console", "", "")]
