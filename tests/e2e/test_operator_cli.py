@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import cli
-from conveyor.broker import Broker, from_url
+from conveyor.broker import from_url
 from conveyor.client import Client
 from conveyor.message import Codec, Message
 from conveyor.scheduler.examples.revenue import build
@@ -54,23 +54,26 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def dead_letter(url: str, queue: str, tasks: list[str], reason: str) -> None:
-    """Publish messages and dead-letter them through a consumer of its own, closed after."""
-    with from_url(url) as broker:
-        _dead_letter(broker, queue, tasks, reason)
-
-
-def _dead_letter(broker: Broker, queue: str, tasks: list[str], reason: str) -> None:
+    """Publish messages of these tasks and dead-letter them (see dead_letter_bodies)."""
     codec = Codec()
-    for task in tasks:
-        broker.publish(queue, codec.encode(Message(queue=queue, task=task)))
-    held = []
-    for delivery in broker.consume([queue], prefetch=len(tasks), timeout=2.0):
-        assert delivery is not None, "published messages did not come back"
-        held.append(delivery)
-        if len(held) == len(tasks):
-            break
-    for delivery in held:
-        broker.dead_letter(delivery, reason)
+    dead_letter_bodies(url, queue, [codec.encode(Message(queue=queue, task=task))
+                                    for task in tasks], reason)
+
+
+def dead_letter_bodies(url: str, queue: str, bodies: list[bytes], reason: str) -> None:
+    """Publish raw bodies (binary, huge: what a foreign producer sends too) and dead-letter
+    them through a consumer of its own, closed after."""
+    with from_url(url) as broker:
+        for body in bodies:
+            broker.publish(queue, body)
+        held = []
+        for delivery in broker.consume([queue], prefetch=len(bodies), timeout=2.0):
+            assert delivery is not None, "published messages did not come back"
+            held.append(delivery)
+            if len(held) == len(bodies):
+                break
+        for delivery in held:
+            broker.dead_letter(delivery, reason)
 
 
 def test_dead_letters_list_show_requeue_purge(capsys: pytest.CaptureFixture[str],
@@ -173,20 +176,6 @@ def test_json_logs_carry_the_task_ids_on_every_task_line(tmp_path: Path, unique:
     [done] = [d for d in docs if "succeeded" in d["message"]]
     assert (done["task"], done["message_id"], done["attempt"]) == ("t.add", sent.id, 1)
 
-
-def dead_letter_bodies(url: str, queue: str, bodies: list[bytes], reason: str) -> None:
-    """Publish raw bodies (binary, huge: what a foreign producer sends) and dead-letter them."""
-    with from_url(url) as broker:
-        for body in bodies:
-            broker.publish(queue, body)
-        held = []
-        for delivery in broker.consume([queue], prefetch=len(bodies), timeout=2.0):
-            assert delivery is not None, "published bodies did not come back"
-            held.append(delivery)
-            if len(held) == len(bodies):
-                break
-        for delivery in held:
-            broker.dead_letter(delivery, reason)
 
 
 def cli_bytes(*argv: str) -> subprocess.CompletedProcess[bytes]:
