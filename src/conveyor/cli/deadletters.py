@@ -18,17 +18,14 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
-import shutil
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.broker import Broker, DeadLetter
 from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
-from conveyor.cli.output import output, table
+from conveyor.cli.output import hexdump, output, terminal_width, wrapped_table
 from conveyor.cli.output import progress as show_progress
 from conveyor.errors import ConfigError
 from conveyor.scheduler.runs import iso
@@ -41,8 +38,6 @@ BATCH = 500
 TEXT_PREVIEW = 16 * 1024
 #: How many bytes of a binary body `show` prints in hex.
 HEX_PREVIEW = 256
-#: Narrowest reason column when `list` wraps reasons to the terminal.
-MIN_REASON_WIDTH = 30
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -121,42 +116,8 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         output({"queues": names, "dead_letters": rows}, [], [], True)
     else:
-        print(wrapped_table(rows, columns, _width(args.wide)))
+        print(wrapped_table(rows, columns, terminal_width(args.wide)))
     return 0
-
-
-def _width(wide: bool) -> int | None:
-    """The width to wrap to: the terminal's (or $COLUMNS); None on --wide or into a pipe, so
-    a script or grep sees one line per dead letter."""
-    if wide or not ("COLUMNS" in os.environ or sys.stdout.isatty()):
-        return None
-    return shutil.get_terminal_size().columns
-
-
-def wrapped_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
-                  width: int | None) -> str:
-    """A table whose last column (the reason) is never cut: it wraps within its column to
-    fit `width`, or, when the other columns leave it too little room, on indented lines
-    under its row. `width` None: one line per row, however long."""
-    *others, last = columns
-    if width is None or not rows:
-        return table(rows, columns)
-    used = sum(max(len(c), *(len(str(r.get(c, ""))) for r in rows)) + 2 for c in others)
-    if width - used >= MIN_REASON_WIDTH:
-        lines: list[dict[str, Any]] = []
-        for row in rows:
-            first, *more = _wrap(str(row.get(last, "")), width - used)
-            lines += [{**row, last: first}, *({last: part} for part in more)]
-        return table(lines, columns)
-    header, *body = table(rows, others).splitlines()
-    out = [f"{header}  ({last.upper()} below each row)"]
-    for line, row in zip(body, rows, strict=True):
-        out += [line, *(f"    {part}" for part in _wrap(str(row.get(last, "")), width - 4))]
-    return "\n".join(out)
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    return textwrap.wrap(text, max(width, 10), break_on_hyphens=False) or [""]
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -227,16 +188,6 @@ def _text(raw: bytes) -> str | None:
         return None
     printable = all(c.isprintable() or c in "\n\r\t" for c in text)
     return text if printable else None
-
-
-def hexdump(data: bytes, per_line: int = 16) -> list[str]:
-    """`hexdump -C` lines: offset, bytes in hex, and the printable ASCII ones."""
-    lines = []
-    for offset in range(0, len(data), per_line):
-        chunk = data[offset:offset + per_line]
-        ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
-        lines.append(f"  {offset:08x}  {chunk.hex(' '):<{per_line * 3 - 1}}  |{ascii_}|")
-    return lines
 
 
 def run_requeue(args: argparse.Namespace) -> int:
