@@ -83,7 +83,9 @@ class Lane:
     requested: collections.deque[tuple[socket.socket, int]] = field(
         default_factory=collections.deque)
     busy: Runner | None = None
-    oom_baseline: int = 0
+    procs_file: str = ""  # its cgroup.procs (precomputed: read after every task)
+    oom_baseline: int | None = None  # the OOM counter when its last task ended, if read
+    limit: int | None = None  # the cap written for its last task (cgroups keep it)
 
 
 class Pool:
@@ -145,7 +147,7 @@ class Pool:
         ready = _expect_ready(ours)
         if ready is None:
             raise ConfigError(f"runner lane {index} failed to start: see the log above")
-        return Lane(index, ours, slot, pid=ready["pid"])
+        return Lane(index, ours, slot, pid=ready["pid"], procs_file=procs)
 
     def fill(self, lane: Lane) -> None:
         """Ask a lane for runners until `warm` are idle or on their way.
@@ -181,10 +183,14 @@ class Pool:
         """Cap the lane for this task, note its OOM counter, and hand the runner the task."""
         lane = runner.lane
         assert lane is not None
-        lane.oom_baseline = lane.slot.outcome().oom_kills or 0
-        lane.slot.set_limit(memory_limit)
+        if lane.oom_baseline is None:  # else: read when its last task ended
+            lane.oom_baseline = lane.slot.outcome().oom_kills or 0
         if lane.slot.path is None:
+            lane.slot.set_limit(memory_limit)
             lane.slot.admit(runner.pid)  # the rlimit fallback caps the process itself
+        elif lane.limit != memory_limit:  # the cgroup keeps it: a file write only on change
+            lane.slot.set_limit(memory_limit)
+            lane.limit = memory_limit
         with self._lock:  # the watcher must not see a task on a runner that never got it
             runner.task, runner.started, runner.report = task, time.monotonic(), None
             runner.exec_mode = runner.handed_over = False
@@ -196,10 +202,15 @@ class Pool:
                 raise
 
     def oom_killed(self, runner: Runner) -> bool:
-        """Whether the kernel OOM-killed something in the runner's lane during its task."""
+        """Whether the kernel OOM-killed something in the runner's lane during its task.
+
+        The counter read here is the next task's baseline: one cgroup read per task, not
+        two (between tasks the lane holds only idle runners, which the OOM killer spares).
+        """
         lane = runner.lane
         assert lane is not None
-        return (lane.slot.outcome().oom_kills or 0) > lane.oom_baseline
+        baseline, lane.oom_baseline = lane.oom_baseline, lane.slot.outcome().oom_kills or 0
+        return lane.oom_baseline > (baseline or 0)
 
     def release(self, runner: Runner) -> None:
         """After a finished run: free the lane, kill what the task left behind, and send a
@@ -209,7 +220,9 @@ class Pool:
         lane = runner.lane
         assert lane is not None
         runner.task = None
-        _kill_leftovers(lane, runner.pid if not runner.exited else 0)
+        with self._lock:
+            ours = {pid for pid, r in self._by_pid.items() if r.lane is lane}
+        _kill_leftovers(lane, ours)
         if runner.exited:
             _close(runner)
         elif runner.tasks_done < self.max_tasks:
@@ -418,20 +431,22 @@ def _expect_ready(control: socket.socket) -> dict[str, Any] | None:
     return frame if frame is not None and frame.get("op") == "ready" else None
 
 
-def _kill_leftovers(lane: Lane, reused: int) -> None:
+def _kill_leftovers(lane: Lane, runners: set[int]) -> None:
     """SIGKILL processes a task left in its lane's cgroup (its own children, say).
 
     Everything in a lane is the lane's fork server, its runners (children of the fork
-    server, announced or not), or what tasks forked. Only the last kind is killed; a reused
-    runner that stays for its next task is spared too.
+    server, announced or not), or what tasks forked. Only the last kind is killed. The
+    runners the pool knows of (idle, reused, or exiting after their report) are spared
+    without a look at /proc: usually nothing else is there, and this is on every task's path.
     """
     if lane.slot.path is None:
         return
     try:
-        pids = {int(p) for p in (lane.slot.path / "cgroup.procs").read_text().split()}
+        with open(lane.procs_file) as procs:
+            pids = {int(p) for p in procs.read().split()}
     except OSError:
         return
-    for pid in pids - {lane.pid, reused}:
+    for pid in pids - runners - {lane.pid}:
         if _parent_of(pid) == lane.pid:
             continue
         try:
