@@ -2,6 +2,9 @@
 """Idle worker footprint: PSS of every process of a `conveyor worker` tree, and import cost.
 
     .venv/bin/python benchmarks/worker_footprint.py --slots 2
+    PYTHONPATH=/path/to/other/checkout/src .venv/bin/python benchmarks/worker_footprint.py
+
+(the second measures another checkout's code with the same interpreter, for a same-run ratio)
 
 Starts a worker on a private embedded SQLite queue, waits until its process tree (supervisor,
 zygote, one lane per slot, warm runners) stops growing, then prints each process's PSS and the
@@ -21,8 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-BIN = Path(sys.executable).parent
 
 
 def tree(root: int) -> list[int]:
@@ -81,7 +82,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "CONVEYOR_HOME": home}
         worker = subprocess.Popen(
-            [str(BIN / "conveyor"), "worker", "-c", str(args.slots), "-Q", "footprint"],
+            [sys.executable, "-m", "conveyor.cli", "worker", "-c", str(args.slots), "-Q",
+             "footprint"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             pids = settled_tree(worker.pid, 2 + args.slots * (1 + args.warm))
