@@ -41,6 +41,13 @@ def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, C
     return parser, parser.catalog
 
 
+def _hide_from_tasks() -> None:
+    """Non-dumpable first thing: the daemons hold credentials and start workers whose tasks
+    may run as the same uid (README: Security model); no /proc/<pid>/environ, mem or ptrace."""
+    from conveyor.worker.isolation import make_non_dumpable
+    make_non_dumpable()
+
+
 #: Commands that run for a while and log: they take --log-level and --log-format.
 DAEMONS = ("worker", "scheduler", "autoscaler", "up")
 
@@ -64,6 +71,8 @@ def _setup_logging(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
+        if argv and argv[0] in DAEMONS:
+            _hide_from_tasks()
         parser, catalog = build_parser(argv[0] if argv else None)
         args = parser.parse_args(argv)
         if not argv or argv[0] not in LEAN:   # a lean parser knows only its own keys
