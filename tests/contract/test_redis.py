@@ -454,3 +454,60 @@ def test_scripts_are_loaded_again_when_the_server_forgot_them(make_broker: MakeB
     broker.publish(queue, b"x")
     assert broker.depth(queue) == Depth(1, 0, 0, 0)
     assert broker._scripts["publish"].sha != "0" * 40
+
+
+# -- ack_soon: the ack's answer travels with the next command -----------------------------
+
+
+def test_ack_soon_is_answered_with_the_next_claim(make_broker: MakeBroker, queue: str) -> None:
+    broker = make_broker()
+    for body in (b"a", b"b"):
+        broker.publish(queue, body)
+    steps = broker.consume([queue], prefetch=1, timeout=1)
+    got = next(steps)
+    assert got is not None and got.body == b"a"
+    broker.ack_soon(got)
+    assert broker.outstanding == 0  # the slot is free at once, the answer not yet read
+    second = next(steps)  # this claim's round trip reads the ack's answer first
+    assert second is not None and second.body == b"b"
+    broker.ack_soon(second)
+    assert broker.depth(queue) == Depth(0, 0, 0, 0)
+
+
+def test_ack_soon_of_a_lost_lease_is_logged_not_raised(
+        make_broker: MakeBroker, queue: str, caplog: pytest.LogCaptureFixture) -> None:
+    owner, rival = make_broker(lease_seconds=0.5), make_broker()
+    owner.publish(queue, b"abandoned")
+    held = first(owner, [queue])
+    assert held is not None
+    again = next(rival.consume([queue], timeout=20))
+    assert again is not None
+    owner.ack_soon(held)
+    assert owner.depth(queue).active == 1  # the rival's claim is untouched
+    assert any("no longer ours" in w for w in warnings_from_broker(caplog))
+    rival.ack(again)
+    assert rival.depth(queue) == Depth(0, 0, 0, 0)
+
+
+def test_ack_soon_survives_a_dropped_connection(make_broker: MakeBroker, admin: redis.Redis,
+                                                queue: str) -> None:
+    """The connection dies with the ack's answer unread: the ack is sent again on the new
+    connection and the message is gone, not redelivered when its lease expires."""
+    broker = make_broker()
+    broker.publish(queue, b"x")
+    delivery = first(broker, [queue])
+    assert delivery is not None
+    broker.ack_soon(delivery)
+    kill(admin, broker.connection_name)
+    assert broker.depth(queue) == Depth(0, 0, 0, 0)
+
+
+def test_close_reads_the_answers_of_acks_sent_ahead(make_broker: MakeBroker,
+                                                    queue: str) -> None:
+    broker = make_broker()
+    broker.publish(queue, b"x")
+    delivery = first(broker, [queue])
+    assert delivery is not None
+    broker.ack_soon(delivery)
+    broker.close()
+    assert make_broker().depth(queue) == Depth(0, 0, 0, 0)

@@ -179,6 +179,13 @@ class Broker(abc.ABC):
     def ack(self, delivery: Delivery) -> None:
         """The work is done: remove the message for good."""
 
+    def ack_soon(self, delivery: Delivery) -> None:
+        """ack(), where a transport can, without waiting for the server's answer: a worker's
+        ack then shares its round trip with whatever the worker sends next (its next
+        claim). A lease lost by then is logged when the answer arrives, not raised: use
+        ack() where the caller must know. By default this is ack()."""
+        self.ack(delivery)
+
     @abc.abstractmethod
     def retry_later(self, delivery: Delivery, delay: float = 0.0,
                     body: bytes | None = None) -> None:

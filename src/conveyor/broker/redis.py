@@ -130,6 +130,7 @@ class RedisBroker(Broker):
         self._signal: redis.Redis | None = None  # wakeup()'s own connection, made on demand
         self._signal_lock = threading.Lock()
         self._signal_owner: int | None = None  # thread inside _interrupt_wait, if any
+        self._unread: list[Delivery] = []  # acks sent whose answers are still on the wire
         self._client = self._call("connect", self._connect, self.connection_name)
         self._scripts = {name: self._client.register_script(script_source(name))
                          for name in SCRIPTS}
@@ -231,12 +232,20 @@ class RedisBroker(Broker):
             raise BrokerError(f"{name} on a closed RedisBroker: open a new broker")
         try:
             conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            return conn.read_response()
+        except CONNECTION_ERRORS:
+            self._reack_unread()  # their answers died with the connection
+            raise
+        redo = self._read_unread(conn) if self._unread else []
+        try:
+            reply = conn.read_response()
         except NoScriptError:  # the server restarted or its script cache was flushed
             conn.send_command("SCRIPT", "LOAD", script.script)
             script.sha = conn.read_response().decode()
             conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            return conn.read_response()
+            reply = conn.read_response()
+        if redo:
+            self._reack(redo)
+        return reply
 
     # -- the seam ------------------------------------------------------------------------
 
@@ -286,6 +295,7 @@ class RedisBroker(Broker):
             return
         # Redis reads the timeout in whole milliseconds and 0 would mean "forever".
         timeout = max(0.001, math.ceil(timeout * 1000) / 1000)
+        self._flush_unread()
         try:
             self._client.blpop(keys, timeout=timeout)
         except CONNECTION_ERRORS as exc:
@@ -310,6 +320,78 @@ class RedisBroker(Broker):
     def ack(self, delivery: Delivery) -> None:
         q = delivery.queue
         self._settle("ack", delivery, [self._key(q, "inflight"), self._key(q, "ready")], [])
+
+    def ack_soon(self, delivery: Delivery) -> None:
+        """Send the ack now and read its answer with the next command's: one round trip.
+
+        Replies come back in order on our one connection, so the next command (the
+        consumer's next claim, usually) reads this answer first. If the connection fails
+        before that, the ack is sent again on the new one (acking twice is harmless: the
+        second finds nothing to remove)."""
+        message_id, token = delivery.receipt
+        conn = self._client.connection
+        if conn is None:
+            self.ack(delivery)
+            return
+        try:
+            conn.send_command("EVALSHA", self._scripts["ack"].sha, 3, *self._ack_keys(delivery),
+                              message_id, token)
+        except CONNECTION_ERRORS:
+            self.ack(delivery)  # reconnects (with backoff) and acks on the new connection
+            return
+        self._unread.append(delivery)
+        self._leases.pop(message_id, None)
+        self._settled()
+
+    def _ack_keys(self, delivery: Delivery) -> list[str]:
+        q = delivery.queue
+        return [self._message_key(delivery.receipt[0]), self._key(q, "inflight"),
+                self._key(q, "ready")]
+
+    def _read_unread(self, conn: Any) -> list[Delivery]:
+        """Answers of acks sent ahead (see ack_soon); those to send again are returned (the
+        caller's own answer is read first), or re-sent at once if the connection failed."""
+        unread, self._unread = self._unread, []
+        redo: list[Delivery] = []
+        for i, delivery in enumerate(unread):
+            try:
+                done = conn.read_response()
+            except NoScriptError:
+                redo.append(delivery)
+                continue
+            except CONNECTION_ERRORS:
+                self._reack(redo + unread[i:])
+                raise
+            if not done:
+                log.warning("ack of message %s on queue %r: it was no longer ours (its lease "
+                            "expired and another consumer claimed it again, or the queue was "
+                            "purged); the other consumer's outcome will be recorded",
+                            delivery.receipt[0], delivery.queue)
+        return redo
+
+    def _flush_unread(self) -> None:
+        """Read the answers of acks sent ahead before a command that is not a script."""
+        conn = self._client.connection
+        if self._unread and conn is not None:
+            try:
+                redo = self._read_unread(conn)
+            except CONNECTION_ERRORS:
+                return  # already acked again on a new connection
+            self._reack(redo)
+
+    def _reack_unread(self) -> None:
+        unread, self._unread = self._unread, []
+        self._reack(unread)
+
+    def _reack(self, deliveries: list[Delivery]) -> None:
+        """After a connection failure: ack again what may not have arrived."""
+        for delivery in deliveries:
+            try:
+                self._call("ack", self._run, "ack", self._ack_keys(delivery),
+                           list(delivery.receipt))
+            except BrokerError as exc:
+                log.warning("ack of message %s could not be sent again (%s); it is redelivered "
+                            "when its lease expires", delivery.receipt[0], exc)
 
     def retry_later(self, delivery: Delivery, delay: float = 0.0,
                     body: bytes | None = None) -> None:
@@ -367,6 +449,7 @@ class RedisBroker(Broker):
             return
         self._closed = True
         try:
+            self._flush_unread()
             self._give_back()
         finally:
             self._leases.clear()

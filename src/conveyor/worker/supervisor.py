@@ -310,7 +310,7 @@ class Supervisor:
         d = run.delivery
         try:
             if action.verb == "ack":
-                self.broker.ack(d)
+                self.broker.ack_soon(d)  # answered with the next claim: one round trip
             elif action.verb == "retry":
                 body = self.codec.encode(run.message.next_attempt())
                 self.broker.retry_later(d, action.delay, body)
