@@ -139,7 +139,8 @@ def test_an_idle_or_full_consumer_blocks_instead_of_spinning(kombu_url: str,
 
 def test_an_unreachable_broker_is_one_clear_error() -> None:
     started = time.monotonic()
-    with pytest.raises(BrokerConnectionError, match="stayed unreachable for 1 s"):
+    with pytest.raises(BrokerConnectionError,
+                       match=r"stayed unreachable for [0-9.]+ s .*retry_seconds=1"):
         from_url("kombu+redis://127.0.0.1:1/0?retry_seconds=1")
     assert time.monotonic() - started < 10
 

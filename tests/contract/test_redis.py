@@ -192,7 +192,8 @@ def test_consumer_reconnects_after_its_blocked_connection_is_killed(
     assert delivery is not None and delivery.body == b"after the kill"
     consumer.ack(delivery)
     connection(admin, consumer.connection_name, not_id=killed[0], timeout=0)
-    assert any("connection failed during wait" in m for m in warnings_from_broker(caplog))
+    assert any("waiting on queues" in m and "reconnecting" in m
+               for m in warnings_from_broker(caplog))
 
 
 def test_publisher_reconnects_after_its_connection_is_killed(
@@ -203,7 +204,7 @@ def test_publisher_reconnects_after_its_connection_is_killed(
     killed = kill(admin, publisher.connection_name)
     publisher.publish(queue, b"after")
     connection(admin, publisher.connection_name, not_id=killed, timeout=0)
-    assert any("connection failed during publish" in m for m in warnings_from_broker(caplog))
+    assert any("publish" in m and "reconnecting" in m for m in warnings_from_broker(caplog))
     assert publisher.depth(queue) == Depth(2, 0, 0, 0)
     consumer = make_broker()
     got = []
@@ -238,7 +239,7 @@ def test_consumer_keeps_consuming_through_an_outage(
     assert time.monotonic() - started < 10
     consumer.ack(delivery)
     assert producer.depth(queue) == Depth(0, 0, 0, 0)
-    retries = [m for m in warnings_from_broker(caplog) if "still reconnecting" in m]
+    retries = [m for m in warnings_from_broker(caplog) if "attempt" in m and "reconnecting in" in m]
     assert retries, "the consumer did not log its retries"
 
 
@@ -247,7 +248,7 @@ def test_publisher_gives_up_with_a_clear_error_after_retry_seconds(
     publisher = make_broker(f"{proxy.url}?prefix={unique}&retry_seconds=0.5")
     proxy.cut()
     started = time.monotonic()
-    with pytest.raises(BrokerConnectionError, match=r"unreachable for 0.5 s during publish"):
+    with pytest.raises(BrokerConnectionError, match=r"publish to .* unreachable for 0.[5-9] s"):
         publisher.publish(queue, b"lost?")
     assert time.monotonic() - started < 5
     proxy.restore()
@@ -430,7 +431,7 @@ def test_priority_out_of_range_is_refused(make_broker: MakeBroker, queue: str) -
 
 
 def test_url_options() -> None:
-    assert parse_url("redis://h:1/2") == ("redis://h:1/2", "conveyor", 30.0)
+    assert parse_url("redis://h:1/2") == ("redis://h:1/2", "conveyor", 60.0)
     assert parse_url("redis://h:1/2?prefix=p&socket_timeout=3&retry_seconds=5") == (
         "redis://h:1/2?socket_timeout=3", "p", 5.0)
     with pytest.raises(ConfigError, match="retry_seconds"):

@@ -259,12 +259,9 @@ class Broker(abc.ABC):
     def purge(self, queue: str) -> int:
         """Delete every message of `queue` (ready, delayed and dead); return how many."""
 
+    @abc.abstractmethod
     def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Delete dead letters of `queue` (all, or those in `ids`); return how many."""
-        from conveyor.errors import BrokerError
-        raise BrokerError(f"{type(self).__name__} cannot delete single dead letters yet: "
-                          f"requeue them (conveyor dead-letters requeue) or purge the whole "
-                          f"queue {queue!r} with the broker's own tools")
 
     # -- shared bookkeeping ----------------------------------------------------------------
 

@@ -41,9 +41,10 @@ second connection, so a blocked consume returns at once on every transport.
 `?queue_expires=N` (seconds) declares every queue with `x-expires`: a queue nobody has used
 for N seconds is deleted, messages and all. It is for tests and scratch namespaces only.
 
-Connection loss: calls retry with exponential backoff for `?retry_seconds=` (default 30)
-and then raise `BrokerConnectionError`; a consumer reconnects and re-subscribes on its next
-step. Deliveries held from a lost connection raise `LeaseLost` when settled.
+Connection loss: calls retry with backoff (`broker/reconnect.py`) for `?retry_seconds=`
+(default 60) and then raise `BrokerConnectionError`; a consumer reconnects and re-subscribes
+on its next step, for as long as the outage lasts. Deliveries held from a lost connection
+raise `LeaseLost` when settled.
 """
 
 from __future__ import annotations
@@ -66,10 +67,20 @@ from kombu.message import Message as KombuMessage
 
 from conveyor.broker import positive_option
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
-from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+from conveyor.broker.reconnect import (
+    DEPRECATED_RETRY_OPTION,
+    RETRY_OPTION,
+    Backoff,
+    Reconnect,
+    one_line,
+    quiet_library_loggers,
+    retry_seconds,
+)
+from conveyor.errors import BrokerError, ConfigError, LeaseLost
 from conveyor.locations import redact
 
 log = logging.getLogger("conveyor.broker.kombu")
+quiet_library_loggers("kombu", "amqp")
 T = TypeVar("T")
 
 ID_HEADER = "x-conveyor-id"
@@ -88,8 +99,8 @@ SETTLE = 0.05
 #: Transports whose unacknowledged deliveries return when the connection drops.
 CONNECTION_BOUND = frozenset({"amqp", "amqps", "pyamqp", "librabbitmq"})
 REDIS = frozenset({"redis", "rediss"})
-OPTIONS = ("prefix", "visibility_timeout", "retry_seconds", "queue_expires")
-BACKOFF_CAP = 5.0
+OPTIONS = ("prefix", "visibility_timeout", RETRY_OPTION, DEPRECATED_RETRY_OPTION,
+           "queue_expires")
 
 
 # -- configuration -------------------------------------------------------------------------
@@ -130,7 +141,7 @@ def parse_url(url: str) -> Settings:
     expires = positive_option(ours, "queue_expires", 0.0, url)
     return Settings(url=rest, transport=transport, prefix=prefix,
                     where=redact(url.split("?", 1)[0]),
-                    retry_seconds=positive_option(ours, "retry_seconds", 30.0, url),
+                    retry_seconds=retry_seconds(ours, url),
                     transport_options=options,
                     queue_arguments={"x-expires": int(expires * 1000)} if expires else {})
 
@@ -222,8 +233,7 @@ class KombuBroker(Broker):
         self._sub: Subscription | None = None
         self._chans: Channels | None = None
         self._next_look: dict[tuple[str, int], float] = {}
-        self._failures = 0
-        self._retry_at = 0.0
+        self._backoff = Backoff()  # the consumer's, carried across its steps
         self._live: set[Receipt] = set()  # deliveries handed out and not settled
         self._loop: object | None = None  # the consume loop now running
         self._closed = False
@@ -232,6 +242,8 @@ class KombuBroker(Broker):
         self._errors: tuple[type[BaseException], ...] = (
             *probe.recoverable_connection_errors, OperationalError, ConnectionError, OSError)
         self._refusals: tuple[type[BaseException], ...] = tuple(probe.channel_errors)
+        self._reconnect = Reconnect(f"the kombu broker {self.settings.where}", log,
+                                    self._is_loss, self.settings.retry_seconds)
         self._call("connecting", self._connection)
 
     # -- names and connections ---------------------------------------------------------
@@ -268,30 +280,22 @@ class KombuBroker(Broker):
             except Exception as exc:  # closing a broken connection may fail in many ways
                 log.debug("closing a kombu connection: %r", exc)
 
+    def _is_loss(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._errors) and not isinstance(exc, self._refusals)
+
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """`fn()`, reconnecting with backoff for up to `retry_seconds`."""
-        deadline = time.monotonic() + self.settings.retry_seconds
-        attempt = 0
-        while True:
+        def attempt() -> T:
             try:
                 self._connection()
                 return fn()
             except self._refusals as exc:
                 self._drop()
                 raise BrokerError(f"{self.settings.where} refused {what}: {exc}") from exc
-            except self._errors as exc:
+            except self._errors:
                 self._drop()
-                attempt += 1
-                pause = min(BACKOFF_CAP, 0.1 * 2 ** attempt)
-                if time.monotonic() + pause > deadline:
-                    raise BrokerConnectionError(
-                        f"{self.settings.where} stayed unreachable for "
-                        f"{self.settings.retry_seconds:g} s during {what} "
-                        f"({type(exc).__name__}: {exc}); check that the broker is up and the "
-                        "URL is right") from exc
-                log.warning("kombu broker %s failed during %s (%r); reconnecting in %.1f s",
-                            self.settings.where, what, exc, pause)
-                time.sleep(pause)
+                raise
+        return self._reconnect.call(what, attempt)
 
     def _declare(self, name: str) -> int:
         """Declare a durable queue (idempotent); its ready-message count."""
@@ -368,24 +372,22 @@ class KombuBroker(Broker):
         """The live subscription, re-made after a connection loss (None while unreachable)."""
         if self._sub is not None or self._want is None:
             return self._sub
-        if self._failures and time.monotonic() < self._retry_at:
+        if self._backoff.pause() > 0:
             return None
         try:
             self._connection()
             self._sub = Subscription(self, *self._want)
-            self._failures = 0
+            self._backoff.reset()
         except self._errors as exc:
             self._consumer_failed("subscribing", exc)
         return self._sub
 
     def _consumer_failed(self, what: str, exc: BaseException) -> None:
         self._drop()
-        self._failures += 1
-        pause = min(BACKOFF_CAP, 0.1 * 2 ** self._failures)
-        self._retry_at = time.monotonic() + pause
-        log.warning("kombu broker %s failed while %s (%r); deliveries held from the lost "
-                    "connection will be redelivered; reconnecting in %.1f s",
-                    self.settings.where, what, exc, pause)
+        pause = self._backoff.failed()
+        log.warning("%s: the kombu broker %s is unreachable (%s); deliveries held from the "
+                    "lost connection will be redelivered; attempt %d failed, next in %.1f s",
+                    what, self.settings.where, one_line(exc), self._backoff.attempts, pause)
 
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         sub = self._subscription()
@@ -405,7 +407,7 @@ class KombuBroker(Broker):
         """Block on the connection until a delivery, a wake-up, or the next level look."""
         sub = self._subscription()
         if sub is None:
-            self._interrupted.wait(max(0.0, min(timeout, self._retry_at - time.monotonic())))
+            self._interrupted.wait(min(timeout, self._backoff.pause()))
             return
         try:
             self._move_due(queues)  # also while full: moving is not claiming

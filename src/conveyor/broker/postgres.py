@@ -1,8 +1,9 @@
 """Postgres transport: queues in one table, claimed with `FOR UPDATE SKIP LOCKED`.
 
-URL: `postgresql://user@host:5432/db?schema=conveyor&ack_commit=async`. Conveyor's options:
-`schema` (default `conveyor`) holds the tables, created and migrated on first use;
-`ack_commit` is `async` (default) or `sync`, see Durability. Every other option goes to libpq.
+URL: `postgresql://user@host:5432/db?schema=conveyor&ack_commit=async&retry_seconds=60`.
+Conveyor's options: `schema` (default `conveyor`) holds the tables, created and migrated on
+first use; `ack_commit` is `async` (default) or `sync`, see Durability; `retry_seconds`, see
+Connection loss. Every other option goes to libpq.
 
 * Claim: one statement locks up to `limit` ready rows (priority, then age) with
   `SKIP LOCKED` and leases them: `locked_until` plus a per-claim token that ack, retry,
@@ -25,9 +26,10 @@ URL: `postgresql://user@host:5432/db?schema=conveyor&ack_commit=async`. Conveyor
   LISTENs on a second, autocommit connection and sleeps in `select()` on its socket and a
   self-pipe (`wakeup()`), for at most the time until its next delayed row or lease is due, and
   never longer than `POLL_FALLBACK`.
-* Connection loss: the operation reconnects with exponential backoff (tenacity), logging a
-  WARNING each time, for up to `reconnect_timeout` seconds, then raises
-  `BrokerConnectionError`. A consumer re-LISTENs and claims at once after a reconnect, since
+* Connection loss: the operation reconnects with backoff (`broker/reconnect.py`), logging one
+  WARNING line per attempt, for up to `retry_seconds` (URL option, default 60), then raises
+  `BrokerConnectionError`; the consume loop (claim, LISTEN) retries for as long as the outage
+  lasts, until `wakeup()`. A consumer re-LISTENs and claims at once after a reconnect, since
   notifications sent while it was away are gone. A publish or claim cut off mid-commit may
   have happened: the publish is sent again (at-least-once: a duplicate, never a loss) and a
   claimed row comes back when its lease expires.
@@ -49,17 +51,16 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 from conveyor import sqlfiles
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
+from conveyor.broker.reconnect import (
+    DEPRECATED_RETRY_OPTION,
+    RETRY_OPTION,
+    Backoff,
+    Reconnect,
+    retry_seconds,
+)
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
 from conveyor.locations import redact
 
@@ -94,13 +95,15 @@ class Settings:
     params: dict[str, Any]
     schema: str
     ack_query: str
+    retry_seconds: float
 
 
 def parse_url(url: str) -> Settings:
     """`postgresql://…?schema=x&ack_commit=sync&…` -> Settings; ConfigError if invalid."""
     parts = urlsplit(url)
     options = parse_qsl(parts.query, keep_blank_values=True)
-    own = {k: v for k, v in options if k in ("schema", "ack_commit")}
+    own = {k: v for k, v in options
+           if k in ("schema", "ack_commit", RETRY_OPTION, DEPRECATED_RETRY_OPTION)}
     schema, ack_commit = own.get("schema", DEFAULT_SCHEMA), own.get("ack_commit", "async")
     if not _SCHEMA_NAME.fullmatch(schema):
         raise ConfigError(
@@ -117,7 +120,8 @@ def parse_url(url: str) -> Settings:
         raise ConfigError(f"Postgres broker URL {redact(url)!r} is not valid: {exc}") from exc
     # Tables are unqualified in the SQL: the schema is every session's search_path.
     params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
-    return Settings({**_CONNECT_DEFAULTS, **params}, schema, _ACK_COMMITS[ack_commit])
+    return Settings({**_CONNECT_DEFAULTS, **params}, schema, _ACK_COMMITS[ack_commit],
+                    retry_seconds(own, url))
 
 
 def is_connection_loss(exc: BaseException) -> bool:
@@ -130,13 +134,14 @@ def is_connection_loss(exc: BaseException) -> bool:
 class PostgresBroker(Broker):
     """Queues in one Postgres table per schema; see the module docstring for the design."""
 
-    def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS, *,
-                 reconnect_timeout: float = 60.0) -> None:
+    def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         super().__init__(lease_seconds)
         self.url = redact(url)
         self.settings = parse_url(url)
         self.schema = self.settings.schema
-        self.reconnect_timeout = reconnect_timeout
+        self._reconnect = Reconnect(f"the Postgres broker at {self.url}", log,
+                                    is_connection_loss, self.settings.retry_seconds)
+        self._backoff = Backoff()  # a consumer's, carried across its steps
         self._channel = f"conveyor_{self.schema}"
         #: Starts every application_name of this broker: find its sessions in pg_stat_activity.
         prefix = self.settings.params.get("application_name") or "conveyor"
@@ -148,13 +153,17 @@ class PostgresBroker(Broker):
         self._pipe_r, self._pipe_w = os.pipe()
         for fd in (self._pipe_r, self._pipe_w):
             os.set_blocking(fd, False)
+        self._cur: Cursor | None = None
         try:
-            self._cur: Cursor | None = self._connect("main").cursor()
+            self._cur = self._reconnect.call("connecting", lambda: self._connect("main").cursor())
         except psycopg.OperationalError as exc:
             self._close_pipe()
             raise BrokerConnectionError(
                 f"cannot connect to the Postgres broker at {self.url}: {_one_line(exc)}; "
                 "check the URL, that the server is up, and that it accepts this user") from exc
+        except BaseException:
+            self._close_pipe()
+            raise
         try:
             self._run("schema migration", lambda cur: self._migrate(cur.connection))
         except psycopg.Error as exc:
@@ -198,7 +207,8 @@ class PostgresBroker(Broker):
         return int(row[0]) if row else 0
 
     def _run(self, what: str, fn: Callable[[Cursor], T]) -> T:
-        """`fn(cursor of the main session)`; if the session is lost, reconnect and run it again.
+        """`fn(cursor of the main session)`; if the session is lost, reconnect and run it again
+        for up to `retry_seconds`.
 
         The happy path costs one check: no retry machinery around every ack.
         """
@@ -209,9 +219,14 @@ class PostgresBroker(Broker):
             except psycopg.OperationalError as exc:
                 if not (cur.connection.closed or is_connection_loss(exc)):
                     raise
-                log.warning("Postgres connection lost during %s on %s (%s); reconnecting and "
-                            "retrying", what, self.url, _one_line(exc))
-        return self._reconnecting(what, lambda: fn(self._main_cursor()))
+                return self._reconnect.call(what, lambda: fn(self._main_cursor()), exc)
+        return self._reconnect.call(what, lambda: fn(self._main_cursor()))
+
+    def _consumer_run(self, what: str, fn: Callable[[Cursor], T]) -> T | None:
+        """`_run` for the consume loop: it retries for as long as the outage lasts (a worker
+        outlives it), and returns None when `wakeup()` interrupts it."""
+        return self._reconnect.until(what, lambda: fn(self._main_cursor()), self._interrupted,
+                                     self._backoff)
 
     def _main_cursor(self) -> Cursor:
         """The main session's cursor, reconnected if the session is gone."""
@@ -223,30 +238,6 @@ class PostgresBroker(Broker):
             self._cur = self._connect("main").cursor()
         return self._cur
 
-    def _reconnecting(self, what: str, attempt: Callable[[], T]) -> T:
-        """`attempt()` with exponential backoff while Postgres cannot be reached."""
-        retrying = Retrying(retry=retry_if_exception(is_connection_loss),
-                            stop=stop_after_delay(self.reconnect_timeout),
-                            wait=wait_exponential(multiplier=0.05, max=5.0) + wait_random(0, 0.1),
-                            before_sleep=lambda state: self._log_retry(what, state),
-                            reraise=True)
-        try:
-            return retrying(attempt)
-        except psycopg.OperationalError as exc:
-            if not is_connection_loss(exc):
-                raise
-            raise BrokerConnectionError(
-                f"{what}: the Postgres broker at {self.url} stayed unreachable for "
-                f"{self.reconnect_timeout:g} s ({_one_line(exc)}); check that the server is "
-                "up and reachable from here") from exc
-
-    def _log_retry(self, what: str, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        delay = state.next_action.sleep if state.next_action else 0.0
-        log.warning("Postgres %s on %s failed (%s); reconnecting, attempt %d in %.2f s "
-                    "(giving up after %g s)", what, self.url, _one_line(exc),
-                    state.attempt_number + 1, delay, self.reconnect_timeout)
-
     # -- the seam -----------------------------------------------------------------------
 
     def publish(self, queue: str, body: bytes, *, priority: int = 0,
@@ -257,7 +248,8 @@ class PostgresBroker(Broker):
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
         if self._listener is None:
-            self._listener = self._reconnecting("LISTEN", self._listen)
+            self._listener = self._reconnect.until("LISTEN", self._listen, self._interrupted,
+                                                   self._backoff)
 
     def _listen(self) -> Connection:
         """A fresh session LISTENing on this schema's channel."""
@@ -287,7 +279,8 @@ class PostgresBroker(Broker):
         """One claim statement on one queue, in delivery order."""
         params = {"queue": queue, "limit": limit, "lease": lease,
                   "lease_seconds": self.lease_seconds}
-        rows = self._run("claim", lambda cur: cur.execute(Q["claim"], params).fetchall())
+        rows = self._consumer_run("claim", lambda cur: cur.execute(Q["claim"], params)
+                                  .fetchall()) or []
         rows.sort(key=lambda r: (-r[3], r[0]))  # RETURNING order is not guaranteed
         return [Delivery(queue=queue, body=r[1], delivery_count=r[2], receipt=(r[0], lease),
                          priority=r[3]) for r in rows]
@@ -309,7 +302,7 @@ class PostgresBroker(Broker):
         """Sleep until a NOTIFY for one of `queues`, a wake-up, a due row, or `timeout`."""
         seconds = min(timeout, POLL_FALLBACK)
         if self._may_claim():  # a claim comes next
-            due = self._run("wait", lambda cur: cur.execute(
+            due = self._consumer_run("wait", lambda cur: cur.execute(
                 Q["seconds_until_due"], {"queues": list(queues)}).fetchone())
             if due is not None and due[0] is not None:
                 seconds = min(seconds, max(0.001, due[0]))
@@ -318,7 +311,10 @@ class PostgresBroker(Broker):
     def _sleep(self, queues: set[str], seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while (remaining := deadline - time.monotonic()) > 0:
-            listener = self._listener or self._reconnecting("LISTEN", self._listen)
+            listener = self._listener or self._reconnect.until(
+                "LISTEN", self._listen, self._interrupted, self._backoff)
+            if listener is None:
+                return  # woken while Postgres is away
             self._listener = listener
             readable, _, _ = select.select([listener.fileno(), self._pipe_r], [], [], remaining)
             if self._pipe_r in readable:
@@ -336,7 +332,8 @@ class PostgresBroker(Broker):
                         "(%s); reconnecting and listening again", self.url, _one_line(exc))
             listener.close()
             self._listener = None
-            self._listener = self._reconnecting("LISTEN", self._listen)
+            self._listener = self._reconnect.until("LISTEN", self._listen, self._interrupted,
+                                                   self._backoff)
             return True  # notifications sent meanwhile are lost: claim now to be sure
         return not queues.isdisjoint(payloads)
 

@@ -18,14 +18,14 @@ through a second connection. The BLPOP timeout is the nearest of: the caller's t
 the next due delayed message or lease deadline in its queues (reported by the claim that
 just came back empty), and `WAIT_CAP`, a safety net.
 
-Connection loss: every call retries with exponential backoff (tenacity), logging a WARNING
+Connection loss: every call retries with backoff (`broker/reconnect.py`), logging one WARNING
 on `conveyor.broker.redis` each time. Consumers retry until Redis is back or `wakeup()`
 interrupts them; publishers, settles and admin calls give up after `retry_seconds` (URL
-option, default 30) with `BrokerConnectionError`. A call whose connection dropped after
+option, default 60) with `BrokerConnectionError`. A call whose connection dropped after
 the server ran it may run twice: a publish may then be duplicated (at-least-once), a claim
 leaves its messages in flight until their lease expires, and a settle reports `LeaseLost`.
 
-URL: ``redis://[:password@]host:port/db?prefix=conveyor&retry_seconds=30`` (``rediss://``
+URL: ``redis://[:password@]host:port/db?prefix=conveyor&retry_seconds=60`` (``rediss://``
 for TLS); other query options are redis-py's own. Every key starts with ``<prefix>:``.
 Single-node Redis only: scripts derive message keys from ids, which Redis Cluster forbids.
 """
@@ -49,18 +49,17 @@ import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, NoScriptError
 from redis.retry import Retry
-from tenacity import (
-    RetryCallState,
-    RetryError,
-    Retrying,
-    retry_if_exception,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
-from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+from conveyor.broker.reconnect import (
+    DEPRECATED_RETRY_OPTION,
+    RETRY_OPTION,
+    Backoff,
+    Reconnect,
+    one_line,
+    retry_seconds,
+)
+from conveyor.errors import BrokerError, ConfigError, LeaseLost
 from conveyor.locations import redact
 
 log = logging.getLogger("conveyor.broker.redis")
@@ -75,8 +74,6 @@ REFUSED = (AuthenticationError, AuthorizationError)
 WAIT_CAP = 5.0
 #: Socket read timeout; above WAIT_CAP so a BLPOP never times out on the client side.
 SOCKET_TIMEOUT = WAIT_CAP + 10.0
-#: Reconnect backoff: 0.1 s doubling up to WAIT_CAP, jittered so a fleet does not stampede.
-BACKOFF = wait_exponential(multiplier=0.1, max=WAIT_CAP) + wait_random(0, 0.1)
 #: Priorities are folded into one exact double per message (see lua/lib.lua).
 PRIORITY_LIMIT = 8191
 #: Most messages one claim takes (a Lua script returns at most ~8000 values).
@@ -98,18 +95,14 @@ def parse_url(url: str) -> tuple[str, str, float]:
     """Split off Conveyor's own options: (URL for redis-py, key prefix, retry seconds)."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in ("prefix", "retry_seconds")}
+    ours = {k: v for k, v in query if k in ("prefix", RETRY_OPTION, DEPRECATED_RETRY_OPTION)}
     rest = [(k, v) for k, v in query if k not in ours]
     prefix = ours.get("prefix", "conveyor")
     if not prefix or any(c.isspace() for c in prefix):
         raise ConfigError(f"Redis URL {redact(url)!r}: prefix={prefix!r} must be a non-empty "
                           "word, e.g. ?prefix=conveyor")
-    try:
-        retry_seconds = float(ours.get("retry_seconds", "30"))
-    except ValueError:
-        raise ConfigError(f"Redis URL {redact(url)!r}: retry_seconds must be a number of "
-                          "seconds, e.g. ?retry_seconds=30") from None
-    return urlunsplit(parts._replace(query=urlencode(rest))), prefix, retry_seconds
+    limit = retry_seconds(ours, url)
+    return urlunsplit(parts._replace(query=urlencode(rest))), prefix, limit
 
 
 class RedisBroker(Broker):
@@ -119,7 +112,10 @@ class RedisBroker(Broker):
 
     def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         super().__init__(lease_seconds)
-        self._url, self.prefix, self._retry_seconds = parse_url(url)
+        self._url, self.prefix, limit = parse_url(url)
+        self._reconnect = Reconnect(f"Redis at {redact(self._url)}", log, self._retryable,
+                                    limit)
+        self._backoff = Backoff()  # a consumer's, carried across its steps
         #: CLIENT SETNAME of this broker's connections, so operators can find them.
         self.connection_name = f"conveyor-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._wake_key = f"{self.prefix}:c:{self.connection_name}:wake"
@@ -157,18 +153,12 @@ class RedisBroker(Broker):
         try:
             return fn(*args)
         except CONNECTION_ERRORS as exc:
-            self._first_failure(what, exc)
-        retrying = self._retrying(what, stop_after_delay(self._retry_seconds), time.sleep)
+            self._check_refused(exc)
+            first = exc
         try:
-            return retrying(fn, *args)
+            return self._reconnect.call(what, lambda: fn(*args), first)
         except REFUSED as exc:
             raise self._refused(exc) from exc
-        except RetryError as exc:
-            cause = exc.last_attempt.exception()
-            raise BrokerConnectionError(
-                f"Redis at {redact(self._url)} stayed unreachable for {self._retry_seconds:g} s "
-                f"during {what} ({type(cause).__name__}: {cause}); check that the server is "
-                "up and the broker URL is right") from cause
 
     def _consumer_call(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
         """`fn` now, or after reconnecting for as long as it takes; None if `wakeup()`.
@@ -177,47 +167,23 @@ class RedisBroker(Broker):
         is back, so a worker cannot silently stop consuming; `wakeup()` ends the step.
         """
         try:
-            return fn(*args)
-        except CONNECTION_ERRORS as exc:
-            self._first_failure(what, exc)
-        retrying = self._retrying(what, lambda state: self._interrupted.is_set(),
-                                  self._interrupted.wait)
-        try:
-            return retrying(fn, *args)
+            return self._reconnect.until(what, lambda: fn(*args), self._interrupted,
+                                         self._backoff)
         except REFUSED as exc:
             raise self._refused(exc) from exc
-        except RetryError:
-            return None
-
-    def _retrying(self, what: str, stop: Callable[[RetryCallState], bool],
-                  sleep: Callable[[float], Any]) -> Retrying:
-        """Retry on connection errors only: any other error is not fixed by reconnecting."""
-        return Retrying(retry=retry_if_exception(self._retryable), stop=stop, wait=BACKOFF,
-                        sleep=sleep, before_sleep=self._log_retry(what))
 
     @staticmethod
     def _retryable(exc: BaseException) -> bool:
         return isinstance(exc, CONNECTION_ERRORS) and not isinstance(exc, REFUSED)
 
-    def _first_failure(self, what: str, exc: BaseException) -> None:
+    def _check_refused(self, exc: BaseException) -> None:
         if isinstance(exc, REFUSED):
             raise self._refused(exc) from exc
-        log.warning("Redis connection failed during %s (%s: %s); reconnecting to %s", what,
-                    type(exc).__name__, exc, redact(self._url))
 
     def _refused(self, exc: BaseException) -> BrokerError:
         return BrokerError(f"Redis at {redact(self._url)} refused this client "
                            f"({type(exc).__name__}: {exc}); fix the user, password or ACL in "
                            "the broker URL: retrying would not help")
-
-    def _log_retry(self, what: str) -> Callable[[RetryCallState], None]:
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            pause = state.next_action.sleep if state.next_action else 0.0
-            log.warning("Redis %s failed again (%s: %s); still reconnecting to %s, next try "
-                        "in %.1f s (attempt %d)", what, type(exc).__name__, exc,
-                        redact(self._url), pause, state.attempt_number)
-        return before_sleep
 
     def _run(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run script `name` by EVALSHA straight on our connection.
@@ -300,7 +266,9 @@ class RedisBroker(Broker):
             self._client.blpop(keys, timeout=timeout)
         except CONNECTION_ERRORS as exc:
             # The claim that follows reconnects, with backoff while Redis stays away.
-            self._first_failure(f"wait on queues {list(queues)}", exc)
+            self._check_refused(exc)
+            log.warning("waiting on queues %s: Redis at %s went away (%s); reconnecting",
+                        list(queues), redact(self._url), one_line(exc))
 
     def _settle(self, action: str, delivery: Delivery, keys: list[str],
                 args: Sequence[Any], *, final: bool = True) -> None:

@@ -269,14 +269,12 @@ class Engine:
 
 
 def retry_delay(attempt: int, spec: Mapping[str, Any]) -> float:
-    """Seconds before retry number `attempt`: `retry.backoff_delay`, computed in units of
-    the task's base delay (the same distribution; a base of 1 keeps tenacity 9 from warning
-    that `initial`, which backoff_delay passes for other bases, is deprecated)."""
+    """Seconds before retry number `attempt`: `retry.backoff_delay` with the task's base
+    delay, cap and jitter."""
     base = float(spec["retry_delay"])
     if base <= 0:
         return 0.0
-    return base * backoff_delay(attempt, 1.0, spec["retry_max_delay"] / base,
-                                spec["retry_jitter"])
+    return backoff_delay(attempt, base, spec["retry_max_delay"], spec["retry_jitter"])
 
 
 def timeout_reason(ti: Row, now: float) -> tuple[str, str]:

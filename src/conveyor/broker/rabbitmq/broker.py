@@ -39,13 +39,18 @@ rabbitmq.conf (30 minutes by default), so a WARNING names that limit when consum
 older server. On 3.12+ change the value with a `consumer-timeout` policy: a different argument
 on an existing queue fails its declaration.
 
-**Connection loss.** Publishing and admin calls reconnect with exponential backoff and jitter
-(tenacity) for up to `?reconnect_timeout=` seconds (default 60) and then raise
-`BrokerConnectionError`; a consumer reconnects and re-subscribes from its consume loop, with
-backoff that carries across steps, for as long as it keeps consuming. Every failure is logged
-as a WARNING on logger `conveyor.broker.rabbitmq`. Deliveries held from a lost connection or
-channel can no longer be settled: `ack`/`retry_later`/`dead_letter`/`extend_lease` raise
-`LeaseLost`, and RabbitMQ redelivers them. `close()` closes the connection, which returns every
+**Connection loss.** Publishing and admin calls reconnect with backoff (`broker/reconnect.py`)
+for up to `?retry_seconds=` (default 60) and then raise `BrokerConnectionError`; a consumer
+reconnects and re-subscribes from its consume loop, with backoff that carries across steps,
+for as long as it keeps consuming. Every failed attempt is one WARNING line on logger
+`conveyor.broker.rabbitmq`; pika's own logger is quieted to CRITICAL (it would log each
+failure as several ERROR lines with a traceback) unless the application set its level.
+pika reports any close during the handshake as a probable login error: only RabbitMQ's own
+refusal (connection.close 403/530) at the first connect stops with a login message; a
+connection cut mid-handshake (a node stopping or starting) is an outage, retried.
+Deliveries held from a lost connection or channel can no longer be settled:
+`ack`/`retry_later`/`dead_letter`/`extend_lease` raise `LeaseLost`, and RabbitMQ redelivers
+them. `close()` closes the connection, which returns every
 unacknowledged delivery (redelivered with `x-delivery-count`).
 """
 
@@ -63,7 +68,6 @@ from typing import Any, TypeVar
 
 import pika
 import pika.exceptions as pex
-import tenacity
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.spec import Basic, BasicProperties
 
@@ -103,9 +107,11 @@ from conveyor.broker.rabbitmq.ladder import (
 from conveyor.broker.rabbitmq.ledger import Receipt, Subscription
 from conveyor.broker.rabbitmq.management import ManagementAPI
 from conveyor.broker.rabbitmq.settings import parse_url
-from conveyor.errors import BrokerConnectionError, BrokerError, LeaseLost
+from conveyor.broker.reconnect import Backoff, Reconnect, one_line, quiet_library_loggers
+from conveyor.errors import BrokerError, LeaseLost
 
 LOG = logging.getLogger("conveyor.broker.rabbitmq")
+quiet_library_loggers("pika")
 T = TypeVar("T")
 
 #: The first RabbitMQ release that honours the per-queue x-consumer-timeout argument.
@@ -124,45 +130,28 @@ WAIT_SLICE = 0.5
 VANISH_SECONDS = 1.0
 #: How long depth waits for a new queue's first statistics from the management plugin.
 STATISTICS_WAIT = 20.0
-#: What to retry after reconnecting. Login and permission failures are not among them.
+#: What to retry after reconnecting. A login refused at the first connect is not retried
+#: (`_connection` turns it into BrokerError); one while reconnecting is (see refused_by_broker).
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     pex.AMQPConnectionError, pex.ChannelWrongStateError)
-LOGIN_ERRORS: tuple[type[BaseException], ...] = (
-    pex.AuthenticationError, pex.ProbableAuthenticationError, pex.ProbableAccessDeniedError)
+PROBABLE_LOGIN_ERRORS: tuple[type[BaseException], ...] = (
+    pex.ProbableAuthenticationError, pex.ProbableAccessDeniedError)
 
 
 
-def backoff_strategy(initial: float = 0.2, maximum: float = 10.0) -> Any:
-    """Exponential from `initial` up to `maximum` seconds, plus up to half a second of jitter
-    so that many workers do not reconnect in step."""
-    return (tenacity.wait_exponential(multiplier=initial, max=maximum)
-            + tenacity.wait_random(0, 0.5))
+def refused_by_broker(exc: BaseException) -> bool:
+    """Whether a failed handshake is RabbitMQ saying no (bad login, no such vhost, no access),
+    not a connection cut mid-handshake.
 
-
-class Backoff:
-    """Exponential backoff with jitter (tenacity's strategy) that lasts across consume steps."""
-
-    def __init__(self, initial: float = 0.2, maximum: float = 10.0) -> None:
-        self._strategy = backoff_strategy(initial, maximum)
-        self._attempts = 0
-        self._next = 0.0
-
-    def pause(self) -> float:
-        """Seconds until the next attempt may start."""
-        return max(0.0, self._next - time.monotonic())
-
-    def failed(self) -> float:
-        """Record a failed attempt; return the pause before the next one."""
-        self._attempts += 1
-        state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
-        state.attempt_number = self._attempts
-        delay = float(self._strategy(state))
-        self._next = time.monotonic() + delay
-        return delay
-
-    def reset(self) -> None:
-        self._attempts = 0
-        self._next = 0.0
+    pika reports any close during the handshake as a "probable" authentication or access
+    error; only when RabbitMQ itself closed the connection (connection.close, 403 or 530)
+    was it a refusal. A node that is stopping or starting just drops the socket.
+    """
+    if isinstance(exc, pex.AuthenticationError):  # no login mechanism in common
+        return True
+    if isinstance(exc, PROBABLE_LOGIN_ERRORS):
+        return "ConnectionClosedByBroker" in str(exc)
+    return isinstance(exc, pex.ConnectionClosedByBroker) and exc.reply_code in (403, 530)
 
 
 def _noop() -> None:
@@ -202,7 +191,11 @@ class RabbitMQBroker(Broker):
         self._sub: Subscription | None = None
         self._want: tuple[list[str], int] | None = None  # what to re-subscribe to
         self._epoch = 0
-        self._backoff = Backoff()
+        self._backoff = Backoff()  # the consumer's, carried across its steps
+        self._reconnect = Reconnect(f"RabbitMQ at {self.settings.where}", LOG,
+                                    lambda exc: isinstance(exc, CONNECTION_ERRORS),
+                                    self.settings.retry_seconds)
+        self._connected_once = False
         self._warned_timeout = False
         self._owner = 0  # the consuming thread
         self._vanishing_until = 0.0  # a settled basic.get or cancelled consumer still counts
@@ -217,10 +210,14 @@ class RabbitMQBroker(Broker):
         self._drop_connection()
         try:
             conn = pika.BlockingConnection(self.settings.params)
-        except LOGIN_ERRORS as exc:
-            raise BrokerError(f"RabbitMQ at {self.settings.where} refused the login ({exc!r}): "
-                              "check the user, password and vhost in the broker URL") from exc
+        except CONNECTION_ERRORS as exc:
+            if not self._connected_once and refused_by_broker(exc):
+                raise BrokerError(f"RabbitMQ at {self.settings.where} refused the login "
+                                  f"({one_line(exc)}): check the user, password and vhost in "
+                                  "the broker URL") from exc
+            raise
         self._conn = conn
+        self._connected_once = True
         server = getattr(getattr(conn, "_impl", None), "server_properties", None) or {}
         self.server_version = parse_version(server.get("version"))
         return conn
@@ -248,28 +245,14 @@ class RabbitMQBroker(Broker):
                 LOG.debug("closing a broken RabbitMQ connection: %r", exc)
 
     def _lose_connection(self, what: str, exc: BaseException) -> None:
-        LOG.warning("%s failed: the connection to RabbitMQ at %s was lost (%r); reconnecting "
-                    "and retrying", what, self.settings.where, exc)
+        LOG.warning("%s: the connection to RabbitMQ at %s was lost (%s); reconnecting", what,
+                    self.settings.where, one_line(exc))
         self._drop_connection()
 
     def _call(self, what: str, op: Callable[[], T]) -> T:
-        """Run `op`; if the connection is lost, reconnect with backoff and run it again."""
-        try:
-            return self._attempt(op)
-        except CONNECTION_ERRORS as exc:
-            self._lose_connection(what, exc)
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_delay(self.settings.reconnect_timeout),
-            wait=backoff_strategy(),
-            retry=tenacity.retry_if_exception_type(CONNECTION_ERRORS),
-            before_sleep=self._log_retry(what), reraise=True)
-        try:
-            return retrying(self._attempt, op)
-        except CONNECTION_ERRORS as exc:
-            raise BrokerConnectionError(
-                f"{what}: RabbitMQ at {self.settings.where} stayed unreachable for "
-                f"{self.settings.reconnect_timeout:.0f} s ({exc!r}); check that it is running "
-                "and reachable") from exc
+        """Run `op`; if the connection is lost, reconnect with backoff and run it again, for
+        up to `retry_seconds` (then BrokerConnectionError)."""
+        return self._reconnect.call(what, lambda: self._attempt(op))
 
     def _attempt(self, op: Callable[[], T]) -> T:
         try:
@@ -278,15 +261,6 @@ class RabbitMQBroker(Broker):
         except CONNECTION_ERRORS:
             self._drop_connection()
             raise
-
-    def _log_retry(self, what: str) -> Callable[[tenacity.RetryCallState], None]:
-        def log(state: tenacity.RetryCallState) -> None:
-            pause = state.next_action.sleep if state.next_action else 0.0
-            error = state.outcome.exception() if state.outcome else None
-            LOG.warning("%s: RabbitMQ at %s is unreachable (%r); retrying in %.1f s "
-                        "(attempt %d)", what, self.settings.where, error, pause,
-                        state.attempt_number)
-        return log
 
     # -- declarations --------------------------------------------------------------------------
 
@@ -558,6 +532,11 @@ class RabbitMQBroker(Broker):
             if method is not None and props is not None and body is not None:
                 return self._delivery(sub, queue, f"get {method.delivery_tag}", method, props,
                                       body, pushed=False)
+            # Counted but not got: RabbitMQ pushed it to our consumer meanwhile; it arrives
+            # before the get's empty answer on this channel, so one more read finds it.
+            self._pump()
+            if sub.buffers.get(queue):
+                return sub.buffers[queue].popleft()
         return None
 
     def _wait(self, queues: Sequence[str], timeout: float) -> None:
@@ -624,8 +603,9 @@ class RabbitMQBroker(Broker):
             self._attempt(lambda: self._subscribe(queues, prefetch))
         except CONNECTION_ERRORS as exc:
             pause = self._backoff.failed()
-            LOG.warning("re-subscribing to %s on RabbitMQ at %s failed (%r); retrying in "
-                        "%.1f s", queues, self.settings.where, exc, pause)
+            LOG.warning("re-subscribing to %s: RabbitMQ at %s is unreachable (%s); attempt %d "
+                        "failed, next in %.1f s", queues, self.settings.where, one_line(exc),
+                        self._backoff.attempts, pause)
             return False
         self._backoff.reset()
         LOG.warning("reconnected to RabbitMQ at %s and re-subscribed to %s; deliveries held "

@@ -1,7 +1,7 @@
 """The `amqp://` URL: pika's connection parameters plus Conveyor's own query options.
 
 pika rejects query options it does not know, so Conveyor's (`management`, `delivery_limit`,
-`consumer_timeout`, `reconnect_timeout`) are split off before pika parses the rest.
+`consumer_timeout`, `retry_seconds`) are split off before pika parses the rest.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pika
 
 from conveyor.broker import positive_option
+from conveyor.broker.reconnect import DEPRECATED_RETRY_OPTION, RETRY_OPTION, retry_seconds
 from conveyor.errors import ConfigError
 from conveyor.locations import redact
 
 DEFAULT_DELIVERY_LIMIT = 25
 DEFAULT_CONSUMER_TIMEOUT = 3600.0
-DEFAULT_RECONNECT_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,11 @@ class Settings:
     management_password: str
     delivery_limit: int
     consumer_timeout: float
-    reconnect_timeout: float
+    retry_seconds: float
 
 
-OPTIONS = ("management", "delivery_limit", "consumer_timeout", "reconnect_timeout")
+OPTIONS = ("management", "delivery_limit", "consumer_timeout", RETRY_OPTION,
+           DEPRECATED_RETRY_OPTION)
 
 
 def parse_url(url: str) -> Settings:
@@ -60,8 +61,7 @@ def parse_url(url: str) -> Settings:
                                            url)),
         consumer_timeout=positive_option(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT,
                                          url),
-        reconnect_timeout=positive_option(ours, "reconnect_timeout",
-                                          DEFAULT_RECONNECT_TIMEOUT, url))
+        retry_seconds=retry_seconds(ours, url))
 
 
 def management_url(given: str | None, scheme: str, host: str, user: str,
