@@ -205,6 +205,22 @@ def test_show_finds_a_dead_letter_by_the_message_id_enqueue_printed(
     assert code == 0 and f"message_id:  {printed}" in by_dead_id
 
 
+def test_a_message_dead_twice_is_shown_twice_and_raw_asks_which(
+        capsys: pytest.CaptureFixture[str], broker_url: str, clean_env: Path,
+        unique: str) -> None:
+    queue = f"q-{unique}"
+    flags = ["-Q", queue, "--broker", broker_url, "--state", f"sqlite:///{clean_env}/s.db"]
+    message = Message(queue=queue, task="billing.twice")
+    body = Codec().encode(message)
+    dead_letter_bodies(broker_url, queue, [body, body], "oom_killed: exceeded 64 MiB")
+    code, out, _ = run(capsys, "dead-letters", "show", message.id, *flags)
+    assert code == 0 and out.count(f"message_id:  {message.id}") == 2, out
+    for flag in ("--raw", "--json"):
+        code, out, err = run(capsys, "dead-letters", "show", message.id, flag, *flags)
+        assert (code, out) == (2, "") and "names 2 dead letters" in err
+        assert len(err.splitlines()) == 1
+
+
 def test_list_shows_whole_reasons_wrapped_to_the_terminal_or_wide(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, broker_url: str,
         clean_env: Path, unique: str) -> None:

@@ -129,16 +129,16 @@ def run_show(args: argparse.Namespace) -> int:
         raise ConfigError(f"no dead letter or message {args.id!r} in queues "
                           f"{', '.join(names)}: check the id with `conveyor dead-letters "
                           "list`, and pass its -Q queue")
+    if (args.raw or args.json) and len(found) > 1:
+        raise ConfigError(f"{args.id!r} names {len(found)} dead letters (the message died "
+                          f"more than once): pass one of their ids, "
+                          f"{', '.join(d.id for d in found)}")
     if args.raw:
-        if len(found) > 1:
-            raise ConfigError(f"{args.id!r} names {len(found)} dead letters: pass one of their "
-                              f"ids ({', '.join(d.id for d in found)}) with --raw")
         sys.stdout.buffer.write(found[0].body)
         sys.stdout.flush()
         return 0
     for index, dead in enumerate(found):
-        if index and not args.json:
-            print()
+        print("\n" if index else "", end="")
         _print_one(dead, args.json)
     return 0
 
