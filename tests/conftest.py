@@ -6,6 +6,7 @@ A service that is down skips its tests on a developer's machine and fails them i
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -53,6 +54,19 @@ def opened_brokers(url: str, factory: Callable[..., Any]) -> Iterator[Callable[.
     finally:
         for broker in opened:
             broker.close()
+
+
+@pytest.fixture(autouse=True)
+def root_logging_restored() -> Iterator[None]:
+    """A daemon command run in-process (`cli.main(["autoscaler", ...])`) sets up logging on
+    the root logger with the stderr pytest captured for that test; left behind, it makes
+    every later test's library log lines (pika's INFO) fail to write to a closed stream."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture
