@@ -43,15 +43,11 @@ from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import build
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
-from conveyor.scheduler.testing import (
-    RecordingExecutor,
-    drop_redis_prefix,
-    event,
-    run_to_end,
-    spawn,
-    stop,
-)
 from conveyor.state.store import from_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
+from tests.conftest import delete_redis_prefix  # noqa: E402
+from tests.support import RecordingExecutor, event, run_to_end, spawn, stop  # noqa: E402
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 URLS = {
@@ -116,7 +112,7 @@ def run_on_workers(dag: DAG, broker: str, tmp: Path, tag: str, slots: int = 2,
         if broker == "postgres":
             drop_schema(f"sbench{tag}")
         if broker == "redis":
-            drop_redis_prefix(url, f"sbench{tag}")
+            delete_redis_prefix(f"sbench{tag}")
 
 
 def bench_hops(broker: str, hops: int) -> dict[str, Any]:
@@ -189,7 +185,7 @@ def bench_worker_alone(broker: str, n: int) -> float:
             if broker == "postgres":
                 drop_schema(f"sbench{tag}")
             if broker == "redis":
-                drop_redis_prefix(url, f"sbench{tag}")
+                delete_redis_prefix(f"sbench{tag}")
 
 
 def bench_idle(seconds: float) -> dict[str, Any]:

@@ -39,10 +39,6 @@ class Event:
     retry_in: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
 
-    @property
-    def attempt_id(self) -> str:
-        return f"{self.message_id}/{self.attempt}"
-
     def encode(self) -> bytes:
         return json.dumps({"v": 1, **asdict(self)}, separators=(",", ":"),
                           default=repr).encode()

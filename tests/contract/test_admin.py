@@ -10,7 +10,8 @@ import pytest
 
 from conveyor.broker import Broker
 from conveyor.errors import BrokerError
-from tests.contract.test_contract import MakeBroker, first, wait_for_depth
+from tests.contract.test_contract import MakeBroker, wait_for_depth
+from tests.support import first
 
 
 def dead_letter_all(broker: Broker, queue: str, n: int) -> None:

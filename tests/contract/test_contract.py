@@ -15,20 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.broker import Broker, Delivery, Depth
+from conveyor.broker import Broker, Depth
 from tests.contract.conftest import CONSUMER, ENV
+from tests.support import first
 
 MakeBroker = Callable[..., Broker]
-
-
-def first(broker: Broker, queues: list[str], timeout: float = 5.0,
-          prefetch: int = 1) -> Delivery | None:
-    """The first delivery within `timeout` seconds, or None."""
-    deadline = time.monotonic() + timeout
-    for delivery in broker.consume(queues, prefetch=prefetch, timeout=0.2):
-        if delivery is not None or time.monotonic() > deadline:
-            return delivery
-    return None
 
 
 def skip_unless_kept(broker: Broker, guarantee: str) -> None:

@@ -23,6 +23,7 @@ from conveyor.broker.postgres import POLL_FALLBACK, PostgresBroker, parse_url
 from conveyor.errors import BrokerError, ConfigError, LeaseLost
 from tests.conftest import POSTGRES_URL, opened_brokers, require_service
 from tests.contract.conftest import ENV
+from tests.support import wait_for
 
 OpenBroker = Callable[..., PostgresBroker]
 LOGGER = "conveyor.broker.postgres"
@@ -68,18 +69,21 @@ def session_pids(admin: psycopg.Connection[Any], broker: PostgresBroker) -> dict
     return {name.rsplit(":", 1)[1]: pid for name, pid in rows}
 
 
+def listening(admin: psycopg.Connection[Any], broker: PostgresBroker) -> bool:
+    """Both sessions idle, the listening one after its LISTEN: from here a NOTIFY wakes the
+    consumer (in select(), or at once when it gets there: the notification is buffered)."""
+    rows = admin.execute("SELECT application_name, state, query FROM pg_stat_activity "
+                         "WHERE application_name LIKE %s", (f"{broker.name}:%",)).fetchall()
+    seen = {name.rsplit(":", 1)[1]: (state, query) for name, state, query in rows}
+    return set(seen) == {"main", "listen"} and all(s == "idle" for s, _ in seen.values()) \
+        and seen["listen"][1].startswith("LISTEN")
+
+
 def terminate(admin: psycopg.Connection[Any], pids: dict[str, int]) -> None:
     """Kill these sessions and wait (up to 5 s) until they are gone."""
     for pid in pids.values():
         assert admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone() == (
             True,)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -95,12 +99,11 @@ def test_consumer_reconnects_and_is_still_woken_after_its_sessions_die(
     steps = consumer.consume([queue], timeout=30)
 
     def kill_then_publish() -> float:
-        wait_until(lambda: set(session_pids(admin, consumer)) == {"main", "listen"})
-        time.sleep(0.2)  # the consumer is asleep in select() now
+        wait_for(lambda: listening(admin, consumer), 10, "the consumer to LISTEN")
         before = session_pids(admin, consumer)
         terminate(admin, before)
-        wait_until(lambda: _all_replaced(session_pids(admin, consumer), before))
-        time.sleep(0.3)  # asleep again, on the new LISTEN session
+        wait_for(lambda: _all_replaced(session_pids(admin, consumer), before), 10)
+        wait_for(lambda: listening(admin, consumer), 10, "the consumer to LISTEN again")
         published = time.monotonic()
         producer.publish(queue, b"after the reconnect")
         return published

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 
-from conveyor.broker import Delivery, Depth
+from conveyor.broker import Depth
 from conveyor.broker.rabbitmq import (
     DELAY_LEVELS,
     DELAY_UNIT_MS,
@@ -32,6 +32,7 @@ from conveyor.broker.rabbitmq import (
 )
 from conveyor.errors import BrokerError, LeaseLost
 from tests.conftest import RABBITMQ_URL, require_service
+from tests.support import first
 
 LOGGER = "conveyor.broker.rabbitmq"
 
@@ -72,15 +73,6 @@ def open_broker(queue: str) -> Iterator[Callable[..., RabbitMQBroker]]:
     yield make
     for broker in opened:
         broker.close()
-
-
-def first(broker: RabbitMQBroker, queues: list[str], timeout: float = 5.0,
-          prefetch: int = 1) -> Delivery | None:
-    deadline = time.monotonic() + timeout
-    for delivery in broker.consume(queues, prefetch=prefetch, timeout=0.2):
-        if delivery is not None or time.monotonic() > deadline:
-            return delivery
-    return None
 
 
 # -- connection loss ------------------------------------------------------------------------

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import redis
 
-from conveyor.broker import Delivery, Depth
+from conveyor.broker import Depth
 from conveyor.broker.redis import WAIT_CAP, RedisBroker, parse_url
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
 from tests.conftest import REDIS_URL, opened_brokers, require_service
+from tests.support import first
 
 HOST, PORT = "127.0.0.1", 6379
 MakeBroker = Callable[..., RedisBroker]
@@ -52,14 +53,6 @@ def make_broker(admin: redis.Redis, url: str) -> Iterator[MakeBroker]:
 @pytest.fixture
 def queue(unique: str) -> str:
     return f"q-{unique}"
-
-
-def first(broker: RedisBroker, queues: list[str], timeout: float = 5.0) -> Delivery | None:
-    deadline = time.monotonic() + timeout
-    for delivery in broker.consume(queues, timeout=0.2):
-        if delivery is not None or time.monotonic() > deadline:
-            return delivery
-    return None
 
 
 def connection(admin: redis.Redis, name: str, *, command: str | None = None,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.scheduler import examples
-from conveyor.scheduler.testing import conveyor, spawn, stop
+from tests.support import conveyor, spawn, stop
 
 DAGS = Path(examples.__file__).parent / "dags"
 

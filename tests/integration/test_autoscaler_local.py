@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from conveyor.broker import Broker, Depth, from_url
 from conveyor.client import Client
 from conveyor.message import Message
 from tests.integration.workerkit import APP, ROOT, worker_env
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 TASKS = 200
@@ -53,13 +53,9 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout}s; autoscaler log:\n"
-                                 + log.read_text()[-6000:])
-        time.sleep(0.05)
+def tail(log: Path) -> Callable[[], str]:
+    """The end of the autoscaler's log, for a failure message."""
+    return lambda: "autoscaler log:\n" + log.read_text()[-6000:]
 
 
 def gauge(port: int, name: str, target: str) -> float | None:
@@ -130,9 +126,10 @@ def test_scales_from_zero_drains_and_returns_to_zero(
     def done() -> int:
         return record.read_text().count("done ") if record.exists() else 0
 
-    wait_for(lambda: done() >= TASKS, 90, f"{TASKS} tasks done", log)
+    wait_for(lambda: done() >= TASKS, 90, f"{TASKS} tasks done", detail=tail(log))
     wait_for(lambda: gauge(port, "conveyor_autoscaler_replicas", "local") == 0.0
-             and not children(proc.pid), 30, "back to zero, every worker exited", log)
+             and not children(proc.pid), 30, "back to zero, every worker exited",
+             detail=tail(log))
     assert broker.depth(unique) == Depth(0, 0, 0, 0)
     broker.close()
     proc.send_signal(signal.SIGTERM)
@@ -168,7 +165,7 @@ def test_scale_down_stops_the_idle_worker_and_drains_the_busy_one(tmp_path: Path
         log = tmp_path / "none"
         log.write_text("")
         wait_for(lambda: record.exists() and "start long" in record.read_text(), 30,
-                 "the long task started", log)
+                 "the long task started", detail=tail(log))
         busy = int(record.read_text().split()[2])  # the runner's pid
         [holder] = [w for w in workers._live if busy in descendants(w.proc.pid)]
         workers.scale(1, 2)

@@ -18,6 +18,7 @@ from conveyor.autoscaler.watch import ZeroWatch
 from conveyor.broker import Broker, from_url
 from tests.conftest import clean_transport, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
+from tests.support import wait_for
 
 BODY = b'{"v":1}'
 
@@ -142,13 +143,10 @@ def test_zero_watch_pokes_on_work_and_holds_no_broker_away_from_zero(tmp_path: P
         time.sleep(0.2)
         assert not opened, "not at zero yet: nothing to watch"
         watch.at_zero(True)
-        time.sleep(0.3)
+        wait_for(lambda: opened, 5, "the watch to open its broker at zero")
         publisher.publish(q, BODY)
         assert poked.wait(2), "new work at zero pokes the daemon"
-        deadline = time.monotonic() + 5
-        while watch._broker is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert watch._broker is None, "left zero: the broker is closed"
+        wait_for(lambda: watch._broker is None, 5, "left zero: the broker is closed")
         assert len(opened) == 1
         watch.at_zero(True)  # back at zero with the message still there: pokes again
         poked.clear()

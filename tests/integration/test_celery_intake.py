@@ -33,6 +33,7 @@ from conveyor.broker import Broker, from_url
 from tests.conftest import RABBITMQ_URL, REDIS_URL, delete_redis_prefix, require_service
 from tests.integration.celery_app import producer
 from tests.integration.workerkit import APP, ROOT, worker_env
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -168,29 +169,19 @@ def test_kill_9_of_the_worker_mid_task_loses_nothing(setup: Setup, tmp_path: Pat
     quick = app.send_task("t.record", args=(str(log), "B"))
     doomed = setup.worker()
     assert setup.get(quick) == "B", setup.output()
-    wait_for(lambda: "start A" in log.read_text(), "task A to start")
+    wait_for(lambda: "start A" in log.read_text(), what="task A to start",
+             ignore=(FileNotFoundError,))
     doomed.kill()
     doomed.wait(timeout=30)
     runner = int(next(x for x in log.read_text().splitlines() if x.startswith("start A"))
                  .split()[2])
-    wait_for(lambda: not _alive(runner), "the killed worker's runner to die")
+    wait_for(lambda: not _alive(runner), what="the killed worker's runner to die",
+             ignore=(FileNotFoundError,))
     after = app.send_task("t.record", args=(str(log), "C"))  # published while none runs
     setup.worker()
     assert setup.get(hanging, timeout=60) == "A", setup.output()
     assert setup.get(after) == "C", setup.output()
     assert log.read_text().count("done A") == 1
-
-
-def wait_for(condition: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except FileNotFoundError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _alive(pid: int) -> bool:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from conveyor.scheduler import examples
 from conveyor.scheduler.examples import revenue
-from conveyor.scheduler.testing import conveyor, spawn, stop, wait_for
 from conveyor.state.store import from_url
+from tests.support import conveyor, spawn, stop, wait_for
 
 DAGS = str(Path(examples.__file__).parent / "dags")
 

@@ -34,8 +34,8 @@ from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Workload
 from conveyor.scheduler.executors.kubernetes import KubernetesExecutor
 from conveyor.scheduler.runs import create_run
-from conveyor.scheduler.testing import run_to_end
 from conveyor.state import store as stores
+from tests.support import run_to_end
 
 PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$")
 NODE_LABELS = {"pool": "cpu"}

@@ -13,7 +13,7 @@ from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import build, task_modules
 from conveyor.scheduler.examples import revenue
 from conveyor.scheduler.runs import trigger
-from conveyor.scheduler.testing import run_to_end, spawn, stop
+from tests.support import run_to_end, spawn, stop
 
 LOCAL = {"extract_orders", "clean_orders", "load_dashboard"}
 

@@ -18,9 +18,9 @@ from psycopg import sql
 from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
-from conveyor.scheduler.testing import RecordingExecutor, conveyor, event, spawn, stop
 from conveyor.state.store import from_url
 from tests.conftest import POSTGRES_URL, require_service
+from tests.support import RecordingExecutor, conveyor, event, spawn, stop
 
 T0 = 1_700_000_000.0
 

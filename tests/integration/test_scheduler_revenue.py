@@ -21,9 +21,9 @@ from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import build
 from conveyor.scheduler.examples import revenue
 from conveyor.scheduler.runs import trigger
-from conveyor.scheduler.testing import drop_redis_prefix, run_to_end, spawn, stop
-from tests.conftest import POSTGRES_URL, REDIS_URL, require_service
+from tests.conftest import POSTGRES_URL, delete_redis_prefix, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
+from tests.support import run_to_end, spawn, stop
 
 SEED_FAILS_TWICE = 21
 
@@ -43,7 +43,7 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> I
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
                 sql.Identifier(unique)))
     if service == "redis":
-        drop_redis_prefix(REDIS_URL, unique)
+        delete_redis_prefix(unique)
 
 
 

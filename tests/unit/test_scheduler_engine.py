@@ -12,8 +12,8 @@ from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine, timeout_reason
 from conveyor.scheduler.errors import RunError
 from conveyor.scheduler.runs import create_run, trigger
-from conveyor.scheduler.testing import RecordingExecutor, event
 from conveyor.state.store import Store, from_url
+from tests.support import RecordingExecutor, event
 
 T0 = 1_700_000_000.0
 

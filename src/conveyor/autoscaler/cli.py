@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 from dataclasses import replace
 from types import FrameType
 
@@ -37,8 +36,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_autoscaler(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = configs.load(args.config)
     if args.broker:
         config = replace(config, broker_url=args.broker)

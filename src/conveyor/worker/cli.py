@@ -96,8 +96,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run_worker(args: argparse.Namespace) -> int:
     make_non_dumpable()  # first: a same-uid task must not read this process's environ or memory
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     uid, gid = resolve_task_user(args.uid, args.gid)
     _warn_about_shape(uid)
     sys.path.insert(0, os.getcwd())

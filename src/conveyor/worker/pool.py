@@ -239,10 +239,6 @@ class Pool:
             runner.task = None
             lane.busy = None
 
-    @property
-    def idle_count(self) -> int:
-        return sum(len(lane.idle) for lane in self.lanes)
-
     def close(self) -> None:
         """Stop the zygote; its lanes die with it, and every runner with its lane."""
         self._stopping = True

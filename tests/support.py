@@ -1,9 +1,14 @@
-"""Helpers for tests of the scheduler: an executor that only records, the command line.
+"""Helpers the tests (and the benchmarks) share: waiting for a condition, the first delivery,
+the real command line, and an executor that only records.
 
-`RecordingExecutor` stands in for a real executor when a test drives the engine with a fake
-clock: it keeps each workload it is given, and `event(...)` builds the events a worker would
-send back for one of them. `conveyor`, `spawn` and `stop` run the real command line, and
-never leave a process behind.
+* `wait_for` checks a condition until it holds (never sleep and hope); `first` takes the
+  first delivery a broker gives within a timeout.
+* `conveyor`, `spawn` and `stop` run the real command line, and never leave a process behind.
+* `RecordingExecutor` stands in for a real executor when a test drives the scheduler's engine
+  with a fake clock: it keeps each workload it is given, and `event(...)` builds the events a
+  worker would send back for one of them.
+
+Fixtures and the services' URLs live in `tests/conftest.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from conveyor.broker import Broker, Delivery
 from conveyor.events import Event
 from conveyor.scheduler.daemon import Daemon
 from conveyor.scheduler.errors import ExecutorError
@@ -84,15 +90,33 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 20.0) -> int:
     return proc.returncode
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    """Check `predicate` every 20 ms until it is truthy; fail after `timeout` seconds."""
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "", *,
+             detail: Callable[[], str] | None = None,
+             ignore: tuple[type[Exception], ...] = ()) -> Any:
+    """Check `predicate` every 20 ms until it is truthy and return its value; fail after
+    `timeout` seconds, saying `what` was awaited and `detail()` (a log tail, say). Exceptions
+    in `ignore` count as not yet (a file not written yet)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except ignore:
+            value = None
         if value:
             return value
         time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}"
+                         + (f"\n{detail()}" if detail else ""))
+
+
+def first(broker: Broker, queues: list[str], timeout: float = 5.0,
+          prefetch: int = 1) -> Delivery | None:
+    """The first delivery within `timeout` seconds, or None."""
+    deadline = time.monotonic() + timeout
+    for delivery in broker.consume(queues, prefetch=prefetch, timeout=0.2):
+        if delivery is not None or time.monotonic() > deadline:
+            return delivery
+    return None
 
 
 def run_to_end(daemon: Daemon, timeout: float = 60.0) -> None:
@@ -104,13 +128,3 @@ def run_to_end(daemon: Daemon, timeout: float = 60.0) -> None:
         daemon.run(burst=True)
     finally:
         watchdog.cancel()
-
-
-def drop_redis_prefix(url: str, prefix: str) -> None:
-    """Delete every key under `prefix`: what a Redis broker left behind for a test."""
-    import redis
-
-    with redis.Redis.from_url(url.split("?", 1)[0]) as db:
-        keys = list(db.scan_iter(f"{prefix}:*"))
-        if keys:
-            db.delete(*keys)
