@@ -71,9 +71,19 @@ def config_file(env: Mapping[str, str] | None = None) -> Path | None:
                               "unset the variable")
         return path
     for candidate in (Path("conveyor.toml"), data_dir() / "conveyor.toml"):
-        if candidate.is_file():
+        if _is_file(candidate):
             return candidate
     return None
+
+
+def _is_file(candidate: Path) -> bool:
+    """Whether the file exists; one line if this user may not even look (HOME of another)."""
+    try:
+        return candidate.is_file()
+    except PermissionError:
+        raise ConfigError(f"cannot look for {candidate}: permission denied for uid "
+                          f"{os.getuid()}; set CONVEYOR_HOME (or HOME) to a directory this "
+                          f"user can read") from None
 
 
 _FILES: dict[tuple[str, float], dict[str, Any]] = {}

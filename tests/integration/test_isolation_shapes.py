@@ -223,3 +223,33 @@ def test_a_runner_that_cannot_drop_privileges_says_why(shared: Path) -> None:
         broker.close()
     assert "cannot isolate itself: cannot drop to uid 65534" in dead.reason, done.stderr
     assert "failed with EPERM" in dead.reason, done.stderr
+
+
+def test_a_python_the_worker_cannot_exec_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zygote is exec'd with the worker's interpreter: if that fails, say so plainly."""
+    from conveyor.errors import ConfigError
+    from conveyor.worker import cgroups
+    from conveyor.worker.pool import Pool
+
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    limiter = cgroups.detect(force="rlimit")
+    try:
+        with pytest.raises(ConfigError, match="cannot start the runner zygote with "
+                           "/nonexistent/python3: No such file or directory"):
+            Pool([], {}, lambda: None, limiter)
+    finally:
+        limiter.close()
+
+
+def test_a_worker_that_may_not_read_its_home_says_so_in_one_line(shared: Path) -> None:
+    """Started as nobody with root's HOME (an inherited environment): one line, no traceback."""
+    python, pythonpath = _interpreter_for_nobody(shared)
+    roots_home = shared / "root-home"
+    roots_home.mkdir(mode=0o700)
+    env = _env(f"sqlite:///{shared}/broker.db", roots_home, pythonpath)
+    env.pop("XDG_DATA_HOME", None)
+    done = subprocess.run([*AS_NOBODY, python, "-m", "conveyor.cli", "worker", "--burst"],
+                          cwd=shared, env=env, text=True, capture_output=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert "permission denied for uid 65534; set CONVEYOR_HOME" in lines[0], done.stderr

@@ -121,8 +121,15 @@ class Pool:
         argv += [f"--app={app}" for app in apps]
         argv += [f"--uid={uid}"] if uid is not None else []
         argv += [f"--gid={gid}"] if gid is not None else []
-        proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=dict(env),
-                                stderr=subprocess.PIPE)
+        try:
+            proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=dict(env),
+                                    stderr=subprocess.PIPE)
+        except OSError as exc:
+            ours.close()
+            theirs.close()
+            raise ConfigError(f"cannot start the runner zygote with {sys.executable}: "
+                              f"{exc.strerror} (uid {os.getuid()}); the worker's Python must "
+                              f"be executable by the user the worker runs as") from None
         theirs.close()
         ready = _expect_ready(ours)
         if ready is None:
