@@ -21,10 +21,15 @@ from conveyor.errors import (
     BrokerError,
     ConfigError,
     ConveyorError,
+    DeadLettered,
     MessageError,
+    ResultError,
+    ResultTimeout,
+    TaskFailed,
     UnknownTask,
 )
 from conveyor.message import Message
+from conveyor.results.handle import ResultHandle
 from conveyor.scheduler.dag import DAG, TaskNode
 from conveyor.scheduler.errors import DagError
 from conveyor.tasks import (
@@ -46,12 +51,17 @@ __all__ = [
     "ConfigError",
     "ConveyorError",
     "DagError",
+    "DeadLettered",
     "Message",
     "MessageError",
+    "ResultError",
+    "ResultHandle",
+    "ResultTimeout",
     "Retry",
     "Settings",
     "SoftTimeLimitExceeded",
     "Task",
+    "TaskFailed",
     "TaskNode",
     "TaskOptions",
     "UnknownTask",

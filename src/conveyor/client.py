@@ -9,17 +9,24 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.config import Settings
 from conveyor.message import Codec, Message
+from conveyor.results.base import RESULT_HEADER
+from conveyor.results.handle import ResultHandle
 
 if TYPE_CHECKING:
     from conveyor.broker import Broker
+    from conveyor.results.base import ResultStore
 
 
 class Client:
-    """Encodes, signs and publishes messages on one broker."""
+    """Encodes, signs and publishes messages on one broker; opens the result store (from
+    `settings`, else the CONVEYOR_* environment) the first time a result is asked for."""
 
-    def __init__(self, broker: Broker, codec: Codec | None = None) -> None:
+    def __init__(self, broker: Broker, codec: Codec | None = None, *,
+                 settings: Settings | None = None, results: ResultStore | None = None) -> None:
         self.broker = broker
         self.codec = codec or Codec()
+        self.settings = settings
+        self._results = results
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Client:
@@ -29,22 +36,39 @@ class Client:
         API that every worker process imports, and a runner never opens a broker.
         """
         from conveyor import broker as brokers
-        return cls(brokers.from_url(settings.broker_url), settings.codec())
+        return cls(brokers.from_url(settings.broker_url), settings.codec(), settings=settings)
 
-    def enqueue(self, message: Message, delay: float = 0.0) -> Message:
-        """Publish `message`, deliverable after `delay` seconds; returns what was sent."""
+    def enqueue(self, message: Message, delay: float = 0.0, *,
+                keep_result: bool = False) -> ResultHandle:
+        """Publish `message`, deliverable after `delay` seconds; returns a handle on what was
+        sent (`handle.message`). With `keep_result` the worker stores the outcome for
+        `handle.result()`; a message that does not ask costs the worker nothing."""
         if delay > 0:
             message = replace(message, not_before=time.time() + delay)
+        if keep_result and RESULT_HEADER not in message.headers:
+            message = replace(message, headers={**message.headers, RESULT_HEADER: "keep"})
         self.broker.publish(message.queue, self.codec.encode(message),
                             priority=message.priority, delay=delay)
-        return message
+        return ResultHandle(message, self.results)
 
     def enqueue_command(self, command: Sequence[str], queue: str = "default",
-                        delay: float = 0.0, **fields: Any) -> Message:
+                        delay: float = 0.0, *, keep_result: bool = False,
+                        **fields: Any) -> ResultHandle:
         """Publish a shell-command workload (exec'd by the runner, like an Airflow task)."""
-        return self.enqueue(Message(queue=queue, command=tuple(command), **fields), delay)
+        return self.enqueue(Message(queue=queue, command=tuple(command), **fields), delay,
+                            keep_result=keep_result)
+
+    def results(self) -> ResultStore:
+        """The result store (`CONVEYOR_RESULT_URL`, else the default for the broker)."""
+        if self._results is None:
+            from conveyor import results
+            settings = self.settings or Settings.from_env()
+            self._results = results.from_url(results.url_for(settings))
+        return self._results
 
     def close(self) -> None:
+        if self._results is not None:
+            self._results.close()
         self.broker.close()
 
 

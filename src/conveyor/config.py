@@ -233,6 +233,9 @@ class Settings:
     state_url: str = ""
     signing_key: str = ""
     max_message_bytes: int = DEFAULT_MAX_BYTES
+    result_url: str = ""
+    result_ttl: float = 86400.0
+    result_max_bytes: int = DEFAULT_MAX_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -242,14 +245,29 @@ class Settings:
             var = f"{PREFIX}{f.name.upper()}"
             raw, source = lookup(var, env)
             if raw is not None:
-                values[f.name] = parse_size(raw, _where(var, source)) \
-                    if f.type in ("int", int) else raw
+                values[f.name] = _converted(raw, f.type, _where(var, source))
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
 
     def codec(self) -> Any:
         from conveyor.message import Codec
         return Codec(self.signing_key or None, self.max_message_bytes)
+
+
+def _converted(raw: str, kind: Any, where: str) -> Any:
+    """A setting's text as its field's type: sizes for ints, seconds for floats."""
+    if kind in ("int", int):
+        return parse_size(raw, where)
+    if kind in ("float", float):
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if value <= 0:
+            raise ConfigError(f"{where}={raw!r} is not allowed: must be a positive number "
+                              "of seconds")
+        return value
+    return raw
 
 
 SETTINGS_HELP = {
@@ -259,6 +277,10 @@ SETTINGS_HELP = {
                  "scheduler.db in the data directory)",
     "signing_key": "HMAC key: messages are signed, and unsigned ones dead-lettered",
     "max_message_bytes": "largest message accepted; bigger ones are dead-lettered",
+    "result_url": "where task results are kept: redis://…, sqlite:///… or postgresql://… "
+                  "(default: the broker's Redis, else the state store)",
+    "result_ttl": "seconds a stored task result is kept",
+    "result_max_bytes": "largest task result stored; a task returning more fails",
 }
 
 

@@ -38,3 +38,32 @@ class LeaseLost(BrokerError):
 
 class UnknownTask(ConveyorError):
     """A message names a task that no imported module registered."""
+
+
+class ResultError(ConveyorError):
+    """A task's result cannot be given: not stored, too large, or not there yet."""
+
+
+class ResultTimeout(ResultError):
+    """`handle.result(timeout=...)` passed its timeout while the task was queued or running."""
+
+
+class TaskFailed(ResultError):
+    """The task failed for good; carries the remote failure so the caller can read it.
+
+    `error_type` and `error_message` are the exception the task raised in its worker,
+    `remote_traceback` its traceback as text (the exception itself never crosses processes:
+    results are JSON), `reason` what the worker decided (e.g. the retry budget was spent).
+    """
+
+    def __init__(self, message: str, *, error_type: str = "", error_message: str = "",
+                 remote_traceback: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.error_message = error_message
+        self.remote_traceback = remote_traceback
+        self.reason = reason
+
+
+class DeadLettered(TaskFailed):
+    """The message was quarantined (bad input, unknown task, crash loop, budget spent)."""

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from conveyor.config import parse_size
 from conveyor.errors import ConveyorError, UnknownTask
 from conveyor.message import Message
+
+if TYPE_CHECKING:
+    from conveyor.results.handle import ResultHandle
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,6 +51,7 @@ class TaskOptions:
     soft_time_limit: float = 0.0
     memory_limit: int = 0
     priority: int = 0
+    store_result: bool = True
 
 
 @dataclass(frozen=True)
@@ -73,16 +77,19 @@ class Task(Generic[P, R]):
                        max_retries=o.max_retries)
         return replace(base, **fields)
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Message:
-        """Publish a run of this task through the default client (CONVEYOR_* settings)."""
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> ResultHandle:
+        """Publish a run of this task through the default client (CONVEYOR_* settings);
+        `handle.result()` waits for its value unless the task has `store_result=False`."""
         from conveyor.client import default_client
-        return default_client().enqueue(self.message(args, kwargs))
+        return default_client().enqueue(self.message(args, kwargs),
+                                        keep_result=self.options.store_result)
 
     def enqueue_with(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
-                     *, delay: float = 0.0, **fields: Any) -> Message:
+                     *, delay: float = 0.0, **fields: Any) -> ResultHandle:
         """Publish with message fields overridden (queue, reply_to, run_id, priority...)."""
         from conveyor.client import default_client
-        return default_client().enqueue(self.message(args, kwargs, **fields), delay=delay)
+        return default_client().enqueue(self.message(args, kwargs, **fields), delay=delay,
+                                        keep_result=self.options.store_result)
 
 
 REGISTRY: dict[str, Task[Any, Any]] = {}
@@ -91,8 +98,11 @@ REGISTRY: dict[str, Task[Any, Any]] = {}
 def task(fn: Callable[P, R] | None = None, *, name: str | None = None, queue: str = "default",
          max_retries: int = 3, retry_backoff: float = 1.0, retry_backoff_max: float = 300.0,
          time_limit: float = 0.0, soft_time_limit: float = 0.0, memory_limit: int | str = 0,
-         priority: int = 0) -> Any:
-    """Register `fn` as a task (usable bare, `@task`, or with options, `@task(queue=...)`)."""
+         priority: int = 0, store_result: bool = True) -> Any:
+    """Register `fn` as a task (usable bare, `@task`, or with options, `@task(queue=...)`).
+
+    `store_result=False`: nobody will ask for the value, so the worker never writes it.
+    """
 
     def register(f: Callable[P, R]) -> Task[P, R]:
         options = TaskOptions(
@@ -100,7 +110,8 @@ def task(fn: Callable[P, R] | None = None, *, name: str | None = None, queue: st
             max_retries=max_retries, retry_backoff=retry_backoff,
             retry_backoff_max=retry_backoff_max, time_limit=time_limit,
             soft_time_limit=soft_time_limit,
-            memory_limit=parse_size(memory_limit, "memory_limit"), priority=priority)
+            memory_limit=parse_size(memory_limit, "memory_limit"), priority=priority,
+            store_result=store_result)
         registered: Task[P, R] = Task(f, options)
         REGISTRY[options.name] = registered
         return registered

@@ -29,22 +29,21 @@ def enqueue_and_drain(url: str, queue: str, *argv: str) -> tuple[int, list[str]]
         if waiting.poll() is None:
             waiting.kill()
         waiting.communicate()
-    return waiting.returncode, [sent, *out.splitlines()] if sent else [err]
+    return waiting.returncode, [sent, *out.splitlines(), *err.splitlines()] if sent else [err]
 
 
-def test_enqueue_wait_prints_the_outcome(tmp_path: Path, unique: str) -> None:
+def test_enqueue_wait_prints_the_return_value(tmp_path: Path, unique: str) -> None:
     code, lines = enqueue_and_drain(f"sqlite:///{tmp_path}/b.db", unique, "t.add",
                                     "--args", "[20, 22]")
     assert code == 0, lines
-    sent, final = (json.loads(line) for line in lines)
-    assert final["kind"] == "succeeded" and final["result"] == 42
-    assert final["message_id"] == sent["id"]
+    sent, value = (json.loads(line) for line in lines)
+    assert value == 42 and sent["task"] == "t.add"
 
 
 def test_enqueue_wait_fails_for_a_dead_letter(tmp_path: Path, unique: str) -> None:
     code, lines = enqueue_and_drain(f"sqlite:///{tmp_path}/b.db", unique, "t.unregistered")
     assert code == 1, lines
-    assert "unknown task" in json.loads(lines[-1])["reason"]
+    assert "dead-lettered: unknown task" in lines[-1]
 
 
 def test_bad_json_args_are_one_readable_line(tmp_path: Path) -> None:

@@ -119,3 +119,16 @@ def orphan(pid_file: str) -> int:
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     Path(pid_file).write_text(str(child.pid))
     return child.pid
+
+
+@task(name="t.which_run")
+def which_run(path: str) -> int:
+    """Logs and returns its runner's pid: tells apart the runs of a redelivered message."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return os.getpid()
+
+
+@task(name="t.quiet", store_result=False)
+def quiet(a: int, b: int) -> int:
+    return a + b

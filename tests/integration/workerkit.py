@@ -54,7 +54,7 @@ def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> None:
 
 def enqueue(broker: Broker, message: Message, delay: float = 0.0,
             codec: Codec | None = None) -> Message:
-    return Client(broker, codec).enqueue(message, delay)
+    return Client(broker, codec).enqueue(message, delay).message
 
 
 def task_message(task: str, queue: str, *args: Any, reply_to: str = "", **fields: Any

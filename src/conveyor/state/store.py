@@ -161,8 +161,19 @@ class PostgresStore(Store):
             raise ConfigError(f"cannot reach the state store {redact(url)}: "
                               f"{str(exc).strip()}") from None
         self._transaction: Any = None
+        self._listening: set[str] = set()
         if self.schema:
             self._db.execute(f"SET search_path TO {_quoted(self.schema)}")
+
+    def listen(self, channel: str) -> None:
+        """LISTEN on `channel` (once per connection), for `notifications`."""
+        if channel not in self._listening:
+            self._db.execute(f"LISTEN {_quoted(channel)}")
+            self._listening.add(channel)
+
+    def notifications(self, timeout: float) -> list[str]:
+        """Payloads that arrive within `timeout`: returns at the first, or empty at timeout."""
+        return [n.payload for n in self._db.notifies(timeout=timeout, stop_after=1)]
 
     def _prepare_schema(self) -> None:
         if self.schema:

@@ -15,10 +15,13 @@ import sys
 from typing import Any
 
 from conveyor import broker as brokers
+from conveyor import results
 from conveyor.config import Settings, env_flag, parse_size
 from conveyor.errors import ConfigError
+from conveyor.results.base import ResultStore
 from conveyor.worker.isolation import make_non_dumpable, resolve_task_user
 from conveyor.worker.registry import Registry, state_url_for
+from conveyor.worker.results import ResultKeeper
 from conveyor.worker.supervisor import Supervisor, WorkerConfig
 
 
@@ -117,7 +120,7 @@ def run_worker(args: argparse.Namespace) -> int:
     if broker.weaker_guarantees:
         logging.getLogger("conveyor.worker").warning("weaker guarantees: %s",
                                                      broker.weaker_guarantees)
-    supervisor = Supervisor(config, broker, settings.codec())
+    supervisor = Supervisor(config, broker, settings.codec(), results=_result_keeper(settings))
     if config.metrics_port:
         supervisor.metrics.serve(config.metrics_port)
     registry = _register(settings, supervisor)
@@ -126,6 +129,13 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         if registry is not None:
             registry.close()
+
+
+def _result_keeper(settings: Settings) -> ResultKeeper:
+    """Results of messages that ask for them; the store is opened on the first one."""
+    def open_store() -> ResultStore:
+        return results.from_url(results.url_for(settings))
+    return ResultKeeper(open_store, settings.result_ttl, settings.result_max_bytes)
 
 
 def _warn_about_shape(uid: int | None) -> None:

@@ -43,6 +43,7 @@ from conveyor.worker.outcome import (
     over_delivery_cap,
 )
 from conveyor.worker.pool import Pool, Runner
+from conveyor.worker.results import ResultKeeper, wanted
 
 log = logging.getLogger("conveyor.worker")
 
@@ -96,8 +97,10 @@ class Run:
 
 class Supervisor:
     def __init__(self, config: WorkerConfig, broker: Broker, codec: Codec,
-                 metrics: WorkerMetrics | None = None) -> None:
+                 metrics: WorkerMetrics | None = None, results: ResultKeeper | None = None
+                 ) -> None:
         self.config = config
+        self.results = results
         self.broker = broker
         self.codec = codec
         self.metrics = metrics or WorkerMetrics()
@@ -180,6 +183,8 @@ class Supervisor:
         self.pool.close()
         self.limiter.close()
         self.broker.close()
+        if self.results is not None:
+            self.results.close()
         log.info("worker %s stopped", self.config.hostname)
 
     # -- accepting deliveries -------------------------------------------------------------
@@ -216,6 +221,8 @@ class Supervisor:
         log.warning("dead-lettering a message from %s: %s", delivery.queue, reason)
         if message is not None:
             self._tell("dead_lettered", message, delivery.queue, reason=reason)
+            if self.results is not None and wanted(message):
+                self.results.dead_lettered(message, reason)
         else:
             self.metrics.record(Event("dead_lettered", "", "", 0, reason=reason), delivery.queue)
         self.broker.dead_letter(delivery, reason)
@@ -270,9 +277,14 @@ class Supervisor:
             run: Run = runner.task
             self.running.discard(run)
             outcome = self._outcome(run, runner)
+            keeper = self.results if wanted(run.message) else None
+            if keeper is not None:
+                outcome = keeper.check(outcome)
             report_only = run.message.headers.get("settle") == "report"
             action = self._action(run, outcome, runner, report_only)
             self._report(run, outcome, action, time.monotonic() - run.started)
+            if keeper is not None:  # stored before the ack: see worker/results.py
+                action = keeper.keep(run.message, outcome, action)
             self._settle(run, action, outcome)
             self.pool.release(runner)
             self._gauges()

@@ -348,3 +348,29 @@ SELECT * FROM conveyor_attempts WHERE ti_id = %(ti_id)s ORDER BY attempt;
 -- Queues named by task instances of recent runs, for `conveyor status`.
 SELECT DISTINCT queue FROM conveyor_task_instances
  WHERE run_id IN (SELECT run_id FROM conveyor_runs ORDER BY created_at DESC LIMIT %(limit)s);
+
+-- name: migration_0004
+-- Task results (`handle.result()`): one final record per message, kept until expires_at.
+CREATE TABLE conveyor_results (
+    message_id   TEXT PRIMARY KEY,
+    record       TEXT NOT NULL,
+    expires_at   DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX conveyor_results_expiry ON conveyor_results (expires_at);
+
+-- name: put_result
+-- First write wins: a redelivered message never replaces a value someone may have read.
+INSERT INTO conveyor_results (message_id, record, expires_at)
+VALUES (%(message_id)s, %(record)s, %(now)s + %(ttl)s)
+ON CONFLICT (message_id) DO UPDATE SET record = excluded.record, expires_at = excluded.expires_at
+ WHERE conveyor_results.expires_at <= %(now)s;
+
+-- name: get_result
+SELECT record FROM conveyor_results WHERE message_id = %(message_id)s AND expires_at > %(now)s;
+
+-- name: forget_expired_results
+DELETE FROM conveyor_results WHERE expires_at <= %(now)s;
+
+-- name: notify_result
+-- Wakes `wait` in every process LISTENing on the channel; delivered at commit.
+SELECT pg_notify(%(channel)s, %(message_id)s);
