@@ -5,7 +5,8 @@ below, never above; sibling packages of one layer stay apart):
 
     base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles
     carriers: broker, state
-    client:   client (publishes through a broker)
+    results:  results (task results: Redis keys beside a broker, or a state-store table)
+    client:   client (publishes through a broker, reads results)
     parts:    worker, scheduler, autoscaler, celery_intake
     commands: cli
 
@@ -25,6 +26,7 @@ ROOT = Path(__file__).parents[2] / "src" / "conveyor"
 LAYERS = [
     {"config", "errors", "message", "tasks", "retry", "logs", "events", "locations", "sqlfiles"},
     {"broker", "state"},
+    {"results"},
     {"client"},
     {"worker", "scheduler", "autoscaler", "celery_intake"},
     {"cli"},
@@ -33,6 +35,8 @@ LAYERS = [
 ALLOWED = {
     ("conveyor.tasks", "conveyor.client"):
         "Task.delay()/apply_async() publish through the default client, imported when called",
+    ("conveyor.tasks", "conveyor.results.handle"):
+        "Task.enqueue() returns the client's ResultHandle: a type-only import",
     ("conveyor.worker.cli", "conveyor.celery_intake"):
         "`conveyor worker --celery-queues` runs the Celery intake beside the worker, imported "
         "only when asked for",

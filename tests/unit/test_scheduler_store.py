@@ -24,8 +24,9 @@ def test_migrations_apply_once_and_upgrade_an_old_schema(tmp_path: Path) -> None
     versions = [r["version"] for r in store.rows("schema_version")]
     indexes = {r["name"] for r in store._execute(
         "SELECT name FROM sqlite_master WHERE type = 'index'", {})[0]}
+    latest = max(int(q.rsplit("_", 1)[1]) for q in store.queries if q.startswith("migration_"))
     store.close()
-    assert versions == [3]
+    assert versions == [latest] and latest >= 4
     assert "conveyor_ti_unfinished" in indexes
 
 

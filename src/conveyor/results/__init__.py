@@ -10,15 +10,9 @@ One interface (`ResultStore`) over Redis keys with a TTL, and a table in the sta
 (SQLite or Postgres); `from_url` picks by URL, `url_for` picks the default per broker.
 """
 
-from conveyor.results.base import (
-    RESULT_HEADER,
-    ResultRecord,
-    ResultStore,
-    encode_value,
-    from_url,
-    url_for,
-)
+from conveyor.results.base import RESULT_HEADER, ResultRecord, ResultStore, encode_value
 from conveyor.results.handle import ResultHandle
+from conveyor.results.stores import from_url, url_for
 
 __all__ = ["RESULT_HEADER", "ResultHandle", "ResultRecord", "ResultStore", "encode_value",
            "from_url", "url_for"]
