@@ -126,11 +126,16 @@ def probe(supervisor: int, sibling_marker: str = "") -> dict[str, object]:
             seen = results.setdefault(role, {}).setdefault(check, [])
             if outcome not in seen:
                 seen.append(outcome)
+    if sibling_marker:
+        Path(sibling_marker + ".done").write_text("")  # the sibling may go now
     return {"uid": os.getuid(), "roles": results, "cgroup_cap": _own_cgroup_cap(),
             "rlimit_cap": _own_rlimit_cap()}
 
 
 @task(name="iso.sleep")
 def sleep(seconds: float, marker: str) -> None:
+    """A running sibling for the probe: stays until the probe is done (or `seconds` pass)."""
     Path(marker).write_text(str(os.getpid()))
-    time.sleep(seconds)
+    deadline = time.monotonic() + seconds
+    while not Path(marker + ".done").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -74,7 +74,7 @@ def _run_worker(broker: Broker, broker_url: str, queue: str, shared: Path, *flag
             "--heartbeat-interval=1", *flags]
     marker = shared / f"{queue}.sleeping"
     client = Client(broker)
-    client.enqueue(Message(queue=queue, task="iso.sleep", args=(5, str(marker))))
+    client.enqueue(Message(queue=queue, task="iso.sleep", args=(30, str(marker))))
     _give_to_nobody(shared)
     proc = subprocess.Popen(argv, cwd=shared, env=_env(broker_url, shared, pythonpath),
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
