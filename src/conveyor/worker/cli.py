@@ -39,6 +39,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise ValueError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
 def _apps(text: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in text.split(",") if a.strip())
 
@@ -85,6 +92,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     env_flag(p, "--max-deliveries", env="CONVEYOR_MAX_DELIVERIES", default=20,
              kind=_positive_int, help="deliveries without an outcome (crashes, shutdowns) "
              "before a message is dead-lettered")
+    env_flag(p, "--exit-after-outage", env="CONVEYOR_EXIT_AFTER_OUTAGE", default=0.0,
+             kind=_seconds, help="stop the worker when the broker has been unreachable this "
+             "many seconds with outcomes waiting to be settled (0: never; ride out any outage)")
     env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
     env_flag(p, "--celery-queues", env="CONVEYOR_CELERY_QUEUES", default=(), kind=_apps,
              help="comma-separated Celery queues to take tasks from (Celery task protocol 2, "
@@ -114,7 +124,7 @@ def run_worker(args: argparse.Namespace) -> int:
         soft_time_limit=args.soft_time_limit, uid=uid, gid=gid,
         hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout, burst=args.burst, metrics_port=args.metrics_port,
-        max_deliveries=args.max_deliveries)
+        max_deliveries=args.max_deliveries, exit_after_outage=args.exit_after_outage)
     broker = brokers.from_url(settings.broker_url,
                               lease_seconds=max(3.0, 3 * config.heartbeat_interval))
     if broker.weaker_guarantees:

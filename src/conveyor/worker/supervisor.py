@@ -26,13 +26,14 @@ from types import FrameType
 from typing import Any
 
 from conveyor.broker import Broker, Delivery
-from conveyor.errors import ConveyorError, LeaseLost, MessageError
+from conveyor.errors import BrokerConnectionError, ConveyorError, LeaseLost, MessageError
 from conveyor.events import Event
 from conveyor.message import Codec, Message
 from conveyor.tasks import REGISTRY
 from conveyor.worker import cgroups
 from conveyor.worker.isolation import scrub_environment
 from conveyor.worker.metrics import WorkerMetrics
+from conveyor.worker.outage import HeldSettles
 from conveyor.worker.outcome import (
     Action,
     Budget,
@@ -69,6 +70,7 @@ class WorkerConfig:
     metrics_port: int = 0
     max_retries: int = 3
     max_deliveries: int = 20
+    exit_after_outage: float = 0.0  # seconds the broker may stay away; 0: ride out any outage
     retry_backoff: float = 1.0
     retry_backoff_max: float = 300.0
 
@@ -106,6 +108,7 @@ class Supervisor:
         self.metrics = metrics or WorkerMetrics()
         self.limiter = cgroups.detect()
         self.pending: deque[Run] = deque()
+        self.held = HeldSettles(config.exit_after_outage)  # settles the broker could not take
         self.running: set[Run] = set()
         self.draining_since: float | None = None
         self.cold = False
@@ -128,6 +131,7 @@ class Supervisor:
                                     timeout=min(1.0, self.config.heartbeat_interval))
         try:
             while True:
+                self.held.retry()
                 delivery = self._next(steps)
                 if self.pool.failure:
                     raise ConveyorError(f"worker stopping: {self.pool.failure}")
@@ -180,6 +184,9 @@ class Supervisor:
     def _stop(self) -> None:
         for run in list(self.pending):
             self._settle(run, Action("requeue", reason="worker stopped"), None)
+        if self.held:
+            log.warning("stopping with %d settle(s) the broker never took: those messages are "
+                        "delivered again", len(self.held))
         self.pool.close()
         self.limiter.close()
         self.broker.close()
@@ -225,7 +232,8 @@ class Supervisor:
                 self.results.dead_lettered(message, reason)
         else:
             self.metrics.record(Event("dead_lettered", "", "", 0, reason=reason), delivery.queue)
-        self.broker.dead_letter(delivery, reason)
+        self.held.settle(f"dead-lettering a message from {delivery.queue}",
+                         lambda: self.broker.dead_letter(delivery, reason))
 
     # -- starting runs --------------------------------------------------------------------
 
@@ -319,6 +327,10 @@ class Supervisor:
                 action.verb, action.reason)
 
     def _settle(self, run: Run, action: Action, outcome: Outcome | None) -> None:
+        """Settle now, or hold it while the broker is unreachable (see worker/outage.py)."""
+        self.held.settle(run.log_label, lambda: self._send_settle(run, action))
+
+    def _send_settle(self, run: Run, action: Action) -> None:
         d = run.delivery
         try:
             if action.verb == "ack":
@@ -362,6 +374,9 @@ class Supervisor:
                 self.broker.extend_lease(run.delivery)
             except LeaseLost as exc:
                 log.error("%s: %s", run.log_label, exc)
+            except BrokerConnectionError as exc:  # settles will wait for it; leases may lapse
+                log.warning("heartbeat skipped: %s", exc)
+                return
             if run in self.running:
                 self._tell("heartbeat", run.message, run.delivery.queue)
 
