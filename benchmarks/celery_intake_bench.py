@@ -47,7 +47,11 @@ from typing import Any
 
 from conveyor.tasks import task
 
-PEERS = Path(os.environ.get("PEERS_DIR", Path(__file__).resolve().parents[2] / "shared/peers"))
+#: The peers harness: PEERS_DIR, else ../shared/peers beside the checkout (a worktree sits
+#: one level deeper, hence the second candidate).
+PEERS = Path(os.environ.get("PEERS_DIR") or next(
+    (p for p in (Path(__file__).resolve().parents[i] / "shared/peers" for i in (2, 3))
+     if p.is_dir()), Path(__file__).resolve().parents[2] / "shared/peers"))
 RESULTS = Path(os.environ.get("PEERS_RESULTS", "/tmp/peers-results"))
 CELERY_URLS = {"redis": "redis://127.0.0.1:6379/0",
                "rabbitmq": "amqp://guest:guest@127.0.0.1:5672//"}

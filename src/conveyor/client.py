@@ -13,7 +13,7 @@ from conveyor.results.base import RESULT_HEADER
 from conveyor.results.handle import ResultHandle
 
 if TYPE_CHECKING:
-    from conveyor.broker import Broker
+    from conveyor.broker import Broker, Publication
     from conveyor.results.base import ResultStore
 
 
@@ -50,6 +50,13 @@ class Client:
         self.broker.publish(message.queue, self.codec.encode(message),
                             priority=message.priority, delay=delay)
         return ResultHandle(message, self.results)
+
+    def publication(self, message: Message, delay: float = 0.0) -> Publication:
+        """`message` encoded (and signed) for `Broker.publish_many`, as `enqueue` sends it."""
+        from conveyor.broker import Publication  # `import conveyor` stays light
+        if delay > 0:
+            message = replace(message, not_before=time.time() + delay)
+        return Publication(message.queue, self.codec.encode(message), message.priority, delay)
 
     def enqueue_command(self, command: Sequence[str], queue: str = "default",
                         delay: float = 0.0, *, keep_result: bool = False,

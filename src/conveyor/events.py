@@ -34,7 +34,7 @@ class Event:
     hostname: str = ""
     pid: int = 0
     result: Any = None
-    error: Mapping[str, str] = field(default_factory=dict)
+    error: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""
     retry_in: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.broker import Broker, Depth
+from conveyor.broker import Broker, Depth, Publication
 from tests.contract.conftest import CONSUMER, ENV
 from tests.support import first
 
@@ -291,3 +291,24 @@ def test_a_dead_letter_counts_the_deliveries_of_the_delivery_it_came_from(
     wait_for_depth(broker, queue, lambda d: d.dead == 1)
     [dead] = broker.dead_letters(queue)
     assert (dead.body, dead.delivery_count) == (b"attempt-4", 4)
+
+
+def test_publish_many_stores_each_as_publish_would(make_broker: MakeBroker,
+                                                   queue: str) -> None:
+    broker = make_broker()
+    other = f"{queue}-b"
+    broker.publish_many([Publication(queue, b"one"), Publication(other, b"two"),
+                         Publication(queue, b"later", delay=1.0), Publication(queue, b"three")])
+    broker.publish_many([])
+    assert wait_for_depth(broker, queue, lambda d: d.delayed == 1).ready == 2
+    bodies = [taken(broker, q) for q in (queue, other, queue)]
+    assert sorted(bodies) == [b"one", b"three", b"two"]
+    assert taken(broker, queue, timeout=10) == b"later"
+
+
+def taken(broker: Broker, queue: str, timeout: float = 5.0) -> bytes:
+    """The body of the next delivery of `queue`, acked."""
+    delivery = first(broker, [queue], timeout)
+    assert delivery is not None
+    broker.ack(delivery)
+    return delivery.body

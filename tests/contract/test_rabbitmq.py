@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 
-from conveyor.broker import Depth
+from conveyor.broker import Depth, Publication
 from conveyor.broker.rabbitmq import (
     DELAY_LEVELS,
     DELAY_UNIT_MS,
@@ -396,3 +396,25 @@ def test_an_earlier_queue_nobody_pushed_from_is_checked_with_basic_get(
     broker._held(1)
     broker.ack(taken)
     assert broker.depth(queue) == Depth(0, 0, 0, 0)
+
+
+def test_publish_many_declares_again_a_queue_deleted_under_it(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """A batch RabbitMQ returns as unroutable (an operator deleted the queue after this
+    broker declared it) is declared again and sent again, each message once."""
+    broker = open_broker()
+    broker.publish_many([Publication(queue, b"before")])
+    assert broker.purge(queue) == 1
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        connection.channel().queue_delete(queue)
+    finally:
+        connection.close()
+    broker.publish_many([Publication(queue, b"a"), Publication(queue, b"b")])
+    got = []
+    for delivery in broker.consume([queue], prefetch=2, timeout=0.5):
+        if delivery is None:
+            break
+        got.append(delivery.body)
+        broker.ack(delivery)
+    assert sorted(got) == [b"a", b"b"]

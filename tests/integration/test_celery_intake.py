@@ -124,6 +124,59 @@ def test_celery_producer_gets_its_results_from_conveyor(setup: Setup) -> None:
         setup.get(failing)
 
 
+@pytest.fixture
+def reference_worker(setup: Setup) -> Iterator[str]:
+    """A real Celery worker (solo pool) on a queue of its own, same broker and backend;
+    yields its queue."""
+    queue = f"{setup.queue}-reference"
+    env = {**os.environ, "REFERENCE_BROKER": setup.celery_broker,
+           "REFERENCE_BACKEND": REDIS_URL, "REFERENCE_QUEUE": queue}
+    log = (setup.logs / "reference.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.celery_worker_app", "worker",
+         "--pool=solo", "--without-heartbeat", "--without-gossip", "--without-mingle",
+         "--loglevel=WARNING", "-n", f"reference-{queue}@%h"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    yield queue
+    proc.kill()
+    proc.wait(timeout=30)
+    delete_celery_side("rabbitmq" if "amqp" in setup.celery_broker else "redis", queue, [])
+
+
+@pytest.mark.parametrize("name", ["t.key_error", "t.os_error"])
+def test_a_failure_is_stored_as_a_real_celery_worker_stores_it(
+        setup: Setup, reference_worker: str, name: str) -> None:
+    """The same failing task on a real Celery worker and through the intake: the result
+    documents agree field by field (but for time and traceback paths), and `get()` raises
+    the same exception with the same args (OSError keeps its errno)."""
+    if "amqp" in setup.celery_broker:
+        pytest.skip("results are written the same way whatever Celery's broker; run on Redis")
+    setup.worker()
+    theirs = setup.app.send_task(name, queue=reference_worker)
+    ours = setup.app.send_task(name)
+    raised = [_raised(setup, r) for r in (theirs, ours)]
+    assert raised[0] == raised[1], setup.output()
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        docs = [json.loads(client.get(f"celery-task-meta-{r.id}")) for r in (theirs, ours)]
+    finally:
+        client.close()
+    assert sorted(docs[0]) == sorted(docs[1])
+    for field_name in ("status", "result", "children"):
+        assert docs[0][field_name] == docs[1][field_name], field_name
+    last_lines = [d["traceback"].strip().splitlines()[-1] for d in docs]
+    assert last_lines[0] == last_lines[1]
+
+
+def _raised(setup: Setup, result: Any) -> tuple[str, tuple[Any, ...], Any]:
+    """What `get()` raises: its type, args and errno."""
+    with pytest.raises(Exception) as caught:
+        setup.get(result)
+    exc = caught.value
+    return type(exc).__qualname__, exc.args, getattr(exc, "errno", None)
+
+
 def test_pickled_and_expired_messages_are_dead_lettered_with_reasons(setup: Setup) -> None:
     """The worker consumes first: on RabbitMQ Celery gives an expired message a TTL of 0,
     so RabbitMQ itself drops it unless a consumer takes it at once."""
@@ -182,6 +235,43 @@ def test_kill_9_of_the_worker_mid_task_loses_nothing(setup: Setup, tmp_path: Pat
     assert setup.get(hanging, timeout=60) == "A", setup.output()
     assert setup.get(after) == "C", setup.output()
     assert log.read_text().count("done A") == 1
+
+
+def test_kill_9_while_the_feed_moves_a_backlog_loses_nothing(setup: Setup,
+                                                             tmp_path: Path) -> None:
+    """Killed while batches are between Celery's queue and Conveyor's: every task still runs
+    (some twice: a batch published but not yet acked on Celery's side comes back). On Redis
+    kombu gives unacked messages back after the visibility timeout, 2 s here."""
+    if "redis" in setup.celery_broker:
+        pytest.xfail("kombu's Redis transport pops a message (BRPOP) before it records it as "
+                     "unacked, in a second round trip: a kill -9 between the two loses it, "
+                     "for Celery's own worker too (celery/kombu#305); seen here 2 runs in 7")
+    log, n = tmp_path / "tasks.log", 600
+    for i in range(n):
+        setup.app.send_task("t.record", args=(str(log), f"m{i}"), ignore_result=True)
+    flags = ["--max-tasks-per-child=100"]
+    if "redis" in setup.celery_broker:
+        flags.append(f"--celery-broker={setup.celery_broker}?visibility_timeout=2")
+    doomed = setup.worker(*flags)
+    conveyor = from_url(setup.conveyor_url)
+    try:
+        wait_for(lambda: conveyor.depth(f"celery.{setup.queue}").active > 0,
+                 what="the feed to move a first batch", detail=setup.output)
+    finally:
+        conveyor.close()
+    doomed.kill()
+    doomed.wait(timeout=30)
+    setup.worker(*flags)
+    wait_for(lambda: len(_done(log)) >= n, 100, what=f"all {n} tasks to run",
+             detail=lambda: f"never ran: {sorted({f'm{i}' for i in range(n)} - _done(log))}")
+    missing = {f"m{i}" for i in range(n)} - _done(log)
+    started = [x for x in log.read_text().splitlines() if x.split()[1] in missing]
+    assert not missing, f"{len(missing)} never ran, e.g. {sorted(missing)[:5]} ({started})"
+
+
+def _done(log: Path) -> set[str]:
+    lines = log.read_text().splitlines() if log.exists() else []
+    return {line.split()[1] for line in lines if line.startswith("done")}
 
 
 def _alive(pid: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -132,3 +133,14 @@ def which_run(path: str) -> int:
 @task(name="t.quiet", store_result=False)
 def quiet(a: int, b: int) -> int:
     return a + b
+
+
+@task(name="t.key_error", max_retries=0)
+def key_error() -> None:
+    """Fails as its twin in `celery_worker_app` does, to compare the stored results."""
+    raise KeyError("k9")
+
+
+@task(name="t.os_error", max_retries=0)
+def os_error() -> None:
+    raise OSError(errno.ENOENT, "No such file or directory", "/nonexistent/k9")

@@ -11,7 +11,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
+from conveyor.broker.base import (
+    DEFAULT_LEASE_SECONDS,
+    Broker,
+    DeadLetter,
+    Delivery,
+    Depth,
+    Publication,
+)
 from conveyor.errors import ConfigError
 from conveyor.locations import data_dir, redact
 
@@ -65,5 +72,5 @@ def positive_option(options: dict[str, str], key: str, default: float, url: str)
     return value
 
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "Broker", "DeadLetter", "Delivery", "Depth", "default_url",
-           "from_url", "positive_option"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "Broker", "DeadLetter", "Delivery", "Depth", "Publication",
+           "default_url", "from_url", "positive_option"]

@@ -48,6 +48,16 @@ class Delivery:
 
 
 @dataclass(frozen=True)
+class Publication:
+    """One message for `Broker.publish_many`: what `publish` takes, as a value."""
+
+    queue: str
+    body: bytes
+    priority: int = 0
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
 class Depth:
     """How much work a queue holds, split the way an autoscaler needs it."""
 
@@ -102,6 +112,16 @@ class Broker(abc.ABC):
     def publish(self, queue: str, body: bytes, *, priority: int = 0,
                 delay: float = 0.0) -> None:
         """Store `body` on `queue`, durably, deliverable after `delay` seconds."""
+
+    def publish_many(self, publications: Sequence[Publication]) -> None:
+        """Store every publication durably before returning, as `publish` does each.
+
+        Transports that can send many in one round trip override this (a mover such as the
+        Celery intake publishes in batches); a failure part way may have stored some of
+        them, and a retry after a lost connection may store some twice (at-least-once).
+        """
+        for p in publications:
+            self.publish(p.queue, p.body, priority=p.priority, delay=p.delay)
 
     def consume(self, queues: Sequence[str], *, prefetch: int = 1,
                 timeout: float = 1.0) -> Generator[Delivery | None, float | None, None]:

@@ -50,7 +50,14 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, NoScriptError
 from redis.retry import Retry
 
-from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
+from conveyor.broker.base import (
+    DEFAULT_LEASE_SECONDS,
+    Broker,
+    DeadLetter,
+    Delivery,
+    Depth,
+    Publication,
+)
 from conveyor.broker.reconnect import (
     DEPRECATED_RETRY_OPTION,
     RETRY_OPTION,
@@ -213,18 +220,57 @@ class RedisBroker(Broker):
             self._reack(redo)
         return reply
 
+    def _run_many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> None:
+        """Script `name` once per (keys, args), pipelined: one round trip for all of them.
+
+        Every reply is read before an error is raised, so the connection stays in step; the
+        calls a flushed script cache refused are sent again once it is loaded.
+        """
+        script = self._scripts[name]
+        conn = self._client.connection
+        if conn is None:
+            raise BrokerError(f"{name} on a closed RedisBroker: open a new broker")
+        conn.send_packed_command(conn.pack_commands(
+            [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]))
+        refused, error = [], None
+        for call in calls:
+            try:
+                conn.read_response()
+            except NoScriptError:
+                refused.append(call)
+            except redis.ResponseError as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        if refused:
+            conn.send_command("SCRIPT", "LOAD", script.script)
+            script.sha = conn.read_response().decode()
+            self._run_many(name, refused)
+
     # -- the seam ------------------------------------------------------------------------
 
     def publish(self, queue: str, body: bytes, *, priority: int = 0,
                 delay: float = 0.0) -> None:
-        if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
-            raise ValueError(f"priority {priority} of a message for queue {queue!r} is out of "
-                             f"range: the Redis transport orders -{PRIORITY_LIMIT}.."
-                             f"{PRIORITY_LIMIT}")
-        keys = [self._key(queue, "ready"), self._key(queue, "delayed"),
-                self._key(queue, "wake"), f"{self.prefix}:ids"]
-        args = [f"{self.prefix}:m:", queue, body, int(priority), max(0.0, delay)]
+        keys, args = self._publication(Publication(queue, body, priority, delay))
         self._call(f"publish to queue {queue!r}", self._run, "publish", keys, args)
+
+    def publish_many(self, publications: Sequence[Publication]) -> None:
+        """All of them in one round trip: the scripts pipelined on our connection."""
+        calls = [self._publication(p) for p in publications]
+        if calls:
+            queues = sorted({p.queue for p in publications})
+            self._call(f"publish {len(calls)} messages to {queues}", self._run_many, "publish",
+                       calls)
+
+    def _publication(self, p: Publication) -> tuple[list[str], list[Any]]:
+        """The publish script's keys and arguments for `p`."""
+        if not -PRIORITY_LIMIT <= p.priority <= PRIORITY_LIMIT:
+            raise ValueError(f"priority {p.priority} of a message for queue {p.queue!r} is out "
+                             f"of range: the Redis transport orders -{PRIORITY_LIMIT}.."
+                             f"{PRIORITY_LIMIT}")
+        keys = [self._key(p.queue, "ready"), self._key(p.queue, "delayed"),
+                self._key(p.queue, "wake"), f"{self.prefix}:ids"]
+        return keys, [f"{self.prefix}:m:", p.queue, p.body, int(p.priority), max(0.0, p.delay)]
 
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         keys = [self._key(q, kind) for q in queues

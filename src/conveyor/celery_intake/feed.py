@@ -18,15 +18,19 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import kombu
+from amqp import Channel as AmqpChannel
 from kombu import Exchange, Queue
 from kombu.message import Message as KombuMessage
 from kombu.mixins import ConsumerMixin
+from kombu.transport.redis import QoS as RedisQoS
+from kombu.transport.virtual.base import QoS as VirtualQoS
 
+from conveyor.broker import Publication
 from conveyor.celery_intake.conversion import Accepted, CeleryMessage, Rejected, convert
 from conveyor.celery_intake.names import intake_queue, rejects_queue
 from conveyor.client import Client
@@ -35,6 +39,11 @@ from conveyor.locations import redact
 from conveyor.tasks import Task
 
 log = logging.getLogger("conveyor.celery_intake")
+
+#: How long a batch waits for one more message before it is moved (seconds).
+LINGER = 0.001
+#: How long the first message of a batch waits at most for the batch to fill (seconds).
+MAX_WAIT = 0.005
 
 #: Query options of --celery-broker that are kombu transport options, not URL parts.
 TRANSPORT_OPTIONS = {"visibility_timeout": float, "global_keyprefix": str}
@@ -76,6 +85,8 @@ class Feed(ConsumerMixin):
         self.reply_to = reply_to
         self.prefetch = prefetch
         self.fed = 0
+        self.held: list[tuple[str, KombuMessage]] = []
+        self._first_held = 0.0
 
     def get_consumers(self, consumer: Callable[..., Any], channel: Any) -> list[Any]:
         existing = self._existing()
@@ -102,32 +113,92 @@ class Feed(ConsumerMixin):
 
     def _handler(self, celery_queue: str) -> Callable[[KombuMessage], None]:
         def on_message(message: KombuMessage) -> None:
-            self.take(celery_queue, message)
+            if not self.held:
+                self._first_held = time.monotonic()
+            self.held.append((celery_queue, message))
         return on_message
 
-    def take(self, celery_queue: str, message: KombuMessage) -> None:
-        """Publish the Conveyor side first, then ack the Celery side.
+    def consume(self, limit: int | None = None, timeout: float | None = None,
+                safety_interval: float = 1, **kwargs: Any) -> Iterator[None]:
+        """ConsumerMixin's loop, moving what arrived in batches (see `flush`).
 
-        Anything about the message itself that goes wrong (a field of the wrong type, a
-        body over Conveyor's size cap) rejects that message; only broker errors propagate,
-        and those stop the feed with the Celery message unacked.
+        A batch closes when it holds `prefetch` messages (Celery's broker sends no more until
+        some are acked), when nothing more arrives within `LINGER` seconds, or when its
+        oldest message has waited `MAX_WAIT`. What is held when a connection error ends the
+        loop is neither published nor acked: Celery's broker delivers it again.
         """
+        with self.consumer_context(**kwargs) as (conn, _channel, _consumers):
+            while not self.should_stop:
+                try:
+                    conn.drain_events(timeout=LINGER if self.held else safety_interval)
+                except TimeoutError:
+                    self.flush()
+                    conn.heartbeat_check()
+                except OSError:
+                    self.held.clear()
+                    if not self.should_stop:
+                        raise
+                else:
+                    if len(self.held) >= self.prefetch or (
+                            self.held and time.monotonic() - self._first_held >= MAX_WAIT):
+                        self.flush()
+                yield
+            self.flush()
+
+    def flush(self) -> None:
+        """Publish the held messages to Conveyor in one call, then ack them on Celery's side.
+
+        Anything about a message itself that goes wrong (a field of the wrong type, a body
+        over Conveyor's size cap) rejects that message; only broker errors propagate, and
+        those stop the feed with the Celery messages unacked.
+        """
+        held, self.held = self.held, []
+        if not held:
+            return
+        self.client.broker.publish_many([self._publication(q, m) for q, m in held])
+        ack_all([m for _, m in held])
+        self.fed += len(held)
+
+    def take(self, celery_queue: str, message: KombuMessage) -> None:
+        """Move one message (publish, then ack): a batch of one."""
+        self.held.append((celery_queue, message))
+        self.flush()
+
+    def _publication(self, celery_queue: str, message: KombuMessage) -> Publication:
+        """What to publish for one Celery message: the task, or its rejection record."""
         raw = _raw(celery_queue, message)
         outcome: Accepted | Rejected
         try:
             outcome = convert(raw, intake_queue(celery_queue), self.lookup, time.time(),
                               self.reply_to)
             if isinstance(outcome, Accepted):
-                self.client.enqueue(outcome.message, outcome.delay)
+                return self.client.publication(outcome.message, outcome.delay)
         except (MessageError, ValueError, TypeError, KeyError, AttributeError) as exc:
             outcome = Rejected(f"cannot be converted ({type(exc).__name__}: {exc})")
-        if isinstance(outcome, Rejected):
-            log.warning("Celery message %s (%s) from queue %r is rejected: %s", raw.task_id,
-                        raw.task_name or "?", celery_queue, outcome.reason)
-            self.client.broker.publish(rejects_queue(celery_queue),
-                                       record(raw, outcome.reason, outcome.state))
-        message.ack()
-        self.fed += 1
+        log.warning("Celery message %s (%s) from queue %r is rejected: %s", raw.task_id,
+                    raw.task_name or "?", celery_queue, outcome.reason)
+        return Publication(rejects_queue(celery_queue), record(raw, outcome.reason,
+                                                               outcome.state))
+
+
+def ack_all(messages: list[KombuMessage]) -> None:
+    """Ack `messages` (in delivery order, all from one channel) in as few round trips as the
+    transport allows: AMQP acks every tag up to the last with one `multiple` ack; kombu's
+    Redis transport removes them from its unacked index in one pipeline."""
+    channel = getattr(messages[-1], "channel", None)
+    qos = getattr(channel, "qos", None)
+    if isinstance(qos, RedisQoS):
+        with qos.pipe_or_acquire() as pipe:
+            for m in messages:
+                qos._remove_from_indices(m.delivery_tag, pipe)
+            pipe.execute()
+        for m in messages:
+            VirtualQoS.ack(qos, m.delivery_tag)
+    elif isinstance(channel, AmqpChannel):
+        messages[-1].ack(multiple=True)
+    else:
+        for m in messages:
+            m.ack()
 
 
 def _raw(celery_queue: str, message: KombuMessage) -> CeleryMessage:

@@ -44,18 +44,25 @@ def meta(task_id: str, status: str, result: Any, traceback: str | None = None) -
             "date_done": datetime.now(UTC).isoformat(), "task_id": task_id}
 
 
-def exception(error_type: str, message: str, module: str | None = None) -> dict[str, Any]:
-    """An exception as Celery's JSON serializer writes it; builtins keep their own type."""
+def exception(error_type: str, message: str | list[Any], module: str | None = None
+              ) -> dict[str, Any]:
+    """An exception as Celery's JSON serializer writes it: its qualified type, its module
+    and its `args` (a bare message becomes the one argument); builtins keep their type."""
     if module is None and isinstance(getattr(builtins, error_type, None), type) \
             and issubclass(getattr(builtins, error_type), BaseException):
         module = "builtins"
-    return {"exc_type": error_type, "exc_message": [message], "exc_module": module}
+    args = message if isinstance(message, list) else [message]
+    return {"exc_type": error_type, "exc_message": args, "exc_module": module}
 
 
-def failure(task_id: str, error: Mapping[str, str], reason: str) -> dict[str, Any]:
-    """FAILURE from a Conveyor error ({type, message, traceback}) or, lacking one, a reason."""
+def failure(task_id: str, error: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """FAILURE from a Conveyor error ({type, module, args, message, traceback}) or, lacking
+    one, a reason. A runner's report has the exception's `args`, so `get()` raises
+    `KeyError('k9')` and not `KeyError("'k9'")`; an older report only has the message."""
     if error.get("type"):
-        exc = exception(error["type"], error.get("message", ""))
+        args = error.get("args")
+        exc = exception(error["type"], args if isinstance(args, list) else
+                        str(error.get("message", "")), error.get("module") or None)
         return meta(task_id, "FAILURE", exc, error.get("traceback") or None)
     return meta(task_id, "FAILURE", exception("TaskFailed", reason, "conveyor"), None)
 
@@ -108,7 +115,7 @@ class Outcomes:
 
     def __init__(self, backend: RedisResults) -> None:
         self.backend = backend
-        self._errors: OrderedDict[str, Mapping[str, str]] = OrderedDict()
+        self._errors: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
 
     def handle(self, event: Event) -> None:
         task_id = event.headers.get("celery_id") or event.message_id

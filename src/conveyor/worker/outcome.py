@@ -38,7 +38,7 @@ class Facts:
 class Outcome:
     kind: Kind
     result: Any = None
-    error: Mapping[str, str] = field(default_factory=dict)
+    error: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""
     retry_delay: float | None = None  # a task's own Retry(delay=...)
 

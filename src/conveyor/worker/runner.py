@@ -170,9 +170,21 @@ def _exec_command(command: list[str], channel: socket.socket) -> NoReturn:
         os._exit(127)
 
 
-def _error(exc: BaseException) -> dict[str, str]:
-    return {"type": type(exc).__qualname__, "message": str(exc)[:4000],
+def _error(exc: BaseException) -> dict[str, Any]:
+    """The exception as data; `module` and `args` let a Celery result rebuild it exactly."""
+    return {"type": type(exc).__qualname__, "module": type(exc).__module__,
+            "args": [_json_or_repr(a) for a in exc.args], "message": str(exc)[:4000],
             "traceback": "".join(traceback.format_exception(exc))[-16000:]}
+
+
+def _json_or_repr(value: Any) -> Any:
+    """`value` if JSON carries it, else its repr (as Celery's JSON backend does)."""
+    import json
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
 
 
 def _json_safe(result: Any) -> Any:

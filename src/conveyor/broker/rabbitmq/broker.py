@@ -78,7 +78,9 @@ from conveyor.broker.base import (
     DeadLetter,
     Delivery,
     Depth,
+    Publication,
 )
+from conveyor.broker.rabbitmq.confirms import BatchConfirms
 from conveyor.broker.rabbitmq.headers import (
     DEAD_AT_HEADER,
     DELIVERIES_HEADER,
@@ -185,6 +187,7 @@ class RabbitMQBroker(Broker):
                                    self.settings.params.virtual_host)
         self._conn: BlockingConnection | None = None
         self._channels: dict[str, BlockingChannel] = {}
+        self._batch: BatchConfirms | None = None
         self._declared: set[str] = set()
         self._levels: dict[str, set[int]] = {}  # levels this object declared, per queue
         self._listings: dict[str, tuple[float, dict[str, dict[str, Any]]]] = {}
@@ -236,6 +239,7 @@ class RabbitMQBroker(Broker):
         """Forget the connection (closing it if it is still open); the subscription is lost."""
         conn, self._conn = self._conn, None
         self._channels.clear()
+        self._batch = None
         if self._sub is not None:
             self._sub.lost = True
         if conn is not None and conn.is_open:
@@ -342,6 +346,33 @@ class RabbitMQBroker(Broker):
         props = properties(None, None)
         self._call(f"publishing to queue {queue!r}",
                    lambda: self._publish(queue, body, props, units))
+
+    def publish_many(self, publications: Sequence[Publication]) -> None:
+        """Publish them all, then wait once for their confirms (see `confirms.py`)."""
+        if publications:
+            queues = sorted({p.queue for p in publications})
+            self._call(f"publishing {len(publications)} messages to {queues}",
+                       lambda: self._publish_batch(publications))
+
+    def _publish_batch(self, publications: Sequence[Publication]) -> None:
+        props = properties(None, None)
+        units = [delay_units(p.delay) for p in publications]
+        routes = [self._route(p.queue, u, False) for p, u in zip(publications, units,
+                                                                  strict=True)]
+        returned = self._confirms().send(
+            [(exchange, key, p.body) for (exchange, key), p in zip(routes, publications,
+                                                                   strict=True)], props)
+        for exchange, key, body in returned:  # a queue deleted under us: declare, send again
+            i = next(i for i, (r, p) in enumerate(zip(routes, publications, strict=True))
+                     if r == (exchange, key) and p.body == body)
+            self._forget(publications[i].queue)
+            self._publish(publications[i].queue, body, props, units[i])
+
+    def _confirms(self) -> BatchConfirms:
+        """The batch-confirming channel, opened (again) on the current connection."""
+        if self._batch is None or not self._batch.is_open:
+            self._batch = BatchConfirms(self._connection().channel())
+        return self._batch
 
     def _publish(self, queue: str, body: bytes, props: BasicProperties, units: int,
                  dead: bool = False) -> None:
