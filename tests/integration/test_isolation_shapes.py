@@ -253,3 +253,13 @@ def test_a_worker_that_may_not_read_its_home_says_so_in_one_line(shared: Path) -
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1, done.stderr
     assert "permission denied for uid 65534; set CONVEYOR_HOME" in lines[0], done.stderr
+
+
+def test_uid_0_is_the_root_shape_and_says_so(shared: Path) -> None:
+    url = f"sqlite:///{shared}/broker.db"
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", "worker", "--queues=q",
+                           "--burst", "--uid=root"], cwd=shared, text=True,
+                          capture_output=True, env=_env(url, shared, f"{ROOT}/src:{ROOT}"),
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "tasks run as root: nothing of the worker is hidden from them" in done.stderr

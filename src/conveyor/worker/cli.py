@@ -150,9 +150,10 @@ def _result_keeper(settings: Settings) -> ResultKeeper:
 
 def _warn_about_shape(uid: int | None) -> None:
     """Say plainly at start what tasks can reach in this shape (README: Security model)."""
-    if uid is not None:
-        return
-    if os.geteuid() == 0:
+    task_uid = os.geteuid() if uid is None else uid
+    if task_uid != os.geteuid():
+        return  # the safe shape: tasks under another uid than the worker's
+    if task_uid == 0:
         logging.getLogger("conveyor.worker").warning(
             "tasks run as root: nothing of the worker is hidden from them (root may read any "
             "process); give --uid/--gid (e.g. --uid nobody) to run them unprivileged")
