@@ -16,6 +16,7 @@ measures what this costs a worker).
 
 from conveyor.client import Client
 from conveyor.config import Settings
+from conveyor.context import TaskContext, context
 from conveyor.errors import (
     BrokerConnectionError,
     BrokerError,
@@ -61,11 +62,13 @@ __all__ = [
     "Settings",
     "SoftTimeLimitExceeded",
     "Task",
+    "TaskContext",
     "TaskFailed",
     "TaskNode",
     "TaskOptions",
     "UnknownTask",
     "__version__",
+    "context",
     "task",
     "worker_process_init",
 ]

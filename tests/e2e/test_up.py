@@ -134,6 +134,7 @@ def test_up_runs_revenue_to_success_drains_on_ctrl_c_and_resumes(
     [run] = [r for r in status["runs"] if r["run_id"] == run_id]  # type: ignore[attr-defined]
     assert run["state"] == "success" and len(run["tasks"]) == 6
     assert run["tasks"]["extract_payments"] == {"state": "success", "attempt": 2}
+    shown_values(env, run_id)
     assert interrupt(first) == []
 
     second = start_up(env, ups)
@@ -143,6 +144,25 @@ def test_up_runs_revenue_to_success_drains_on_ctrl_c_and_resumes(
     assert [r["run_id"] for r in runs] == [run_id]  # type: ignore[attr-defined]
     ledger = ledger_counts(str(Path(env["CONVEYOR_HOME"]) / "revenue-ledger.txt"))
     assert ledger["extract_orders"] == 1 and ledger["load_dashboard"] == 1
+
+
+def shown_values(env: dict[str, str], run_id: str) -> None:
+    """The revenue tasks passed real data down, and the operator commands show it."""
+    home = Path(env["CONVEYOR_HOME"])
+    shown = subprocess.run([sys.executable, "-m", "conveyor.cli", "tasks", "show", run_id,
+                            "extract_orders"], env=env, text=True, capture_output=True,
+                           timeout=60, check=True).stdout
+    assert f'result: {{"rows": 1200, "path": "{home}/orders.csv"}}' in shown, shown
+    done = conveyor_json(env, "tasks", "show", run_id, "aggregate_revenue")
+    assert done["task"]["result"] == {"revenue": 51594.0, "orders": 1200,  # type: ignore[index]
+                                      "payments": 1150}
+    load = conveyor_json(env, "tasks", "show", run_id, "load_dashboard")
+    assert load["task"]["result"] == (  # type: ignore[index]
+        "dashboard updated: revenue 51594.00 from 1200 orders")
+    table = subprocess.run([sys.executable, "-m", "conveyor.cli", "runs", "show", run_id],
+                           env=env, text=True, capture_output=True, timeout=60,
+                           check=True).stdout
+    assert '{"rows": 1200, "path": ' in table and "…" in table, table
 
 
 def test_up_runs_the_same_system_on_redis_and_postgres(

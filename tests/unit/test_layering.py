@@ -3,7 +3,7 @@
 Layers, bottom to top (a module may import its own layer's base modules and any layer
 below, never above; sibling packages of one layer stay apart):
 
-    base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles
+    base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles, context
     carriers: broker, state
     results:  results (task results: Redis keys beside a broker, or a state-store table)
     client:   client (publishes through a broker, reads results)
@@ -24,7 +24,8 @@ from pathlib import Path
 #: The source, read as text: importing it would fail on a cycle before the test could say where.
 ROOT = Path(__file__).parents[2] / "src" / "conveyor"
 LAYERS = [
-    {"config", "errors", "message", "tasks", "retry", "logs", "events", "locations", "sqlfiles"},
+    {"config", "errors", "message", "tasks", "retry", "logs", "events", "locations", "sqlfiles",
+     "context"},
     {"broker", "state"},
     {"results"},
     {"client"},

@@ -73,7 +73,7 @@ def show_run(store: Store, run_id: str, as_json: bool) -> int:
     print(f"logical date {iso(run['logical_date'])}, created {iso(run['created_at'])}\n")
     print(table([_task_line(t) for t in tasks], ["task", "state", "attempt", "executor",
                                                   "queue", "started", "took", "host",
-                                                  "error"]))
+                                                  "result", "error"]))
     retried = [a for a in attempts if a["outcome"] != "succeeded"]
     if retried:
         names = {t["ti_id"]: t["task_id"] for t in tasks}
@@ -85,7 +85,19 @@ def show_run(store: Store, run_id: str, as_json: bool) -> int:
 
 
 def _task_doc(ti: dict[str, Any]) -> dict[str, Any]:
-    return {**ti, "spec": json.loads(ti["spec"])}
+    return {**ti, "spec": json.loads(ti["spec"]), "result": _value(ti.get("result"))}
+
+
+def _value(stored: str | None) -> Any:
+    """A stored result (JSON text) as data; None when the task returned nothing (yet)."""
+    return json.loads(stored) if stored else None
+
+
+def _short(stored: str | None, width: int = 40) -> str:
+    """A stored result for a table cell: its JSON, cut to `width` with an ellipsis."""
+    if stored is None:
+        return ""
+    return stored if len(stored) <= width else stored[:width - 1] + "…"
 
 
 def _task_line(ti: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +106,7 @@ def _task_line(ti: dict[str, Any]) -> dict[str, Any]:
             "attempt": f"{ti['attempt']}/{ti['max_attempts']}", "executor": ti["executor"],
             "queue": ti["queue"], "started": iso(ti["started_at"])[11:23],
             "took": f"{took:.3f}s" if took is not None else "", "host": ti["hostname"] or "",
-            "error": (ti["error"] or "").split("\n", 1)[0][:80]}
+            "result": _short(ti.get("result")), "error": (ti["error"] or "").split("\n", 1)[0][:80]}
 
 
 def run_runs_list(args: argparse.Namespace) -> int:
@@ -116,12 +128,13 @@ def run_tasks_show(args: argparse.Namespace) -> int:
                            f"tasks with `conveyor runs show {args.run_id}`")
         attempts = store.rows("ti_attempts", ti_id=ti["ti_id"])
     if args.json:
-        print(json.dumps({"task": {**ti, "spec": json.loads(ti["spec"])},
-                          "attempts": attempts}, indent=2))
+        print(json.dumps({"task": _task_doc(ti),
+                          "attempts": [{**a, "result": _value(a.get("result"))}
+                                       for a in attempts]}, indent=2))
         return 0
     _print_task(ti)
     output({}, [_attempt_row(a) for a in attempts],
-           ["attempt", "outcome", "host", "pid", "started", "ended", "error"], False)
+           ["attempt", "outcome", "host", "pid", "started", "ended", "result", "error"], False)
     return 0
 
 
@@ -129,6 +142,8 @@ def _print_task(ti: dict[str, Any]) -> None:
     print(f"task {ti['task_id']} of run {ti['run_id']} ({ti['ti_id']}): {ti['state']}, "
           f"attempt {ti['attempt']} of {ti['max_attempts']}")
     print(f"executor {ti['executor']}, queue {ti['queue']}, host {ti['hostname'] or '-'}")
+    if ti.get("result") is not None:
+        print(f"result: {ti['result']}")
     if ti["error"]:
         print(f"error: {ti['error']}")
     print()
@@ -136,5 +151,5 @@ def _print_task(ti: dict[str, Any]) -> None:
 
 def _attempt_row(a: dict[str, Any]) -> dict[str, Any]:
     return {**a, "started": iso(a["started_at"]), "ended": iso(a["ended_at"]),
-            "host": a["hostname"] or "", "pid": a["pid"] or "",
+            "host": a["hostname"] or "", "pid": a["pid"] or "", "result": _short(a.get("result")),
             "error": (a["error"] or "").split("\n", 1)[0][:80]}

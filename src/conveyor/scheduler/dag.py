@@ -29,6 +29,8 @@ from conveyor.errors import ConveyorError
 from conveyor.scheduler.errors import DagError, Location
 from conveyor.tasks import Task
 
+#: How a TaskFlow argument names an upstream task's return value in a spec (JSON).
+UPSTREAM_REF = "__conveyor_upstream__"
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$")
 _PACKAGE_DIR = str(Path(__file__).parent)
 
@@ -145,13 +147,21 @@ class TaskNode:
             self.upstream[node.id] = (node, where)
 
     def spec(self) -> dict[str, Any]:
-        """What a task instance needs to run and be retried, as JSON-ready data."""
+        """What a task instance needs to run and be retried, as JSON-ready data; an argument
+        that is another task stands for its return value (`{UPSTREAM_REF: task id}`)."""
         o = self.options
-        return {"task": self.task, "command": list(self.command), "args": list(self.args),
-                "kwargs": dict(self.kwargs), "time_limit": o.time_limit,
+        return {"task": self.task, "command": list(self.command),
+                "args": [_ref(a) for a in self.args],
+                "kwargs": {k: _ref(v) for k, v in self.kwargs.items()},
+                "dag_id": self.dag.dag_id, "upstream": sorted(self.upstream),
+                "time_limit": o.time_limit,
                 "memory_limit": o.memory_limit, "retry_delay": o.retry_delay,
                 "retry_max_delay": o.retry_max_delay, "retry_jitter": o.retry_jitter,
                 "executor_config": dict(o.executor_config)}
+
+
+def _ref(value: Any) -> Any:
+    return {UPSTREAM_REF: value.id} if isinstance(value, TaskNode) else value
 
 
 def _nodes(other: TaskNode | Sequence[TaskNode]) -> list[TaskNode]:
@@ -198,11 +208,19 @@ class DAG:
     def __repr__(self) -> str:
         return f"DAG({self.dag_id!r}, tasks={len(self.tasks)})"
 
-    def task(self, task: Task[Any, Any] | str, *, id: str | None = None,
+    def task(self, task: Task[Any, Any] | str, *inputs: Any, id: str | None = None,
              args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
              upstream: Sequence[TaskNode | str] = (), **options: Any) -> TaskNode:
-        """Add a run of a registered task (the `@task` object, or its name as a string)."""
+        """Add a run of a registered task (the `@task` object, or its name as a string).
+
+        Positional `inputs` come before `args`. An argument that is another task of the DAG
+        (TaskFlow: `dag.task(clean, orders)`) makes this task its downstream and is replaced,
+        when this task runs, by what that task returned.
+        """
         where = caller_location()
+        args = (*inputs, *args)
+        upstream = (*upstream, *(v for v in (*args, *(kwargs or {}).values())
+                                 if isinstance(v, TaskNode)))
         if isinstance(task, Task):
             name, default_id, layer = task.name, task.fn.__name__, _task_layer(task)
         elif isinstance(task, str) and task:

@@ -27,7 +27,7 @@ from conveyor.events import Event
 from conveyor.message import Message
 from conveyor.retry import backoff_delay
 from conveyor.scheduler import cron
-from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.dag import DAG, UPSTREAM_REF
 from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Executor, Workload, event_for
 from conveyor.scheduler.runs import create_run
@@ -62,20 +62,36 @@ def describe(event: Event) -> str:
     return summary + (f"\n{traceback}" if traceback else "")
 
 
-def workload(ti: Row, events_queue: str) -> Workload:
-    """The message that runs this attempt of `ti`, and its executor config."""
+def workload(ti: Row, events_queue: str, upstream: Mapping[str, Any] | None = None
+             ) -> Workload:
+    """The message that runs this attempt of `ti`, and its executor config; `upstream`
+    (what its parents returned) fills TaskFlow arguments and the task's context."""
     spec = json.loads(ti["spec"])
     ref = {"ti": ti["ti_id"], "attempt": str(ti["attempt"])}
     if spec.get("conf"):
         ref["conf"] = json.dumps(spec["conf"])
+    if spec.get("dag_id"):
+        ref["dag"] = spec["dag_id"]
+    if upstream:
+        ref["upstream"] = json.dumps(upstream)
+    values = upstream or {}
     message = Message(
         queue=ti["queue"], task=spec["task"], command=tuple(spec["command"]),
-        args=tuple(spec["args"]), kwargs=spec["kwargs"], priority=ti["priority"],
+        args=tuple(resolved(a, values) for a in spec["args"]),
+        kwargs={k: resolved(v, values) for k, v in spec["kwargs"].items()},
+        priority=ti["priority"],
         attempt=ti["attempt"], time_limit=spec["time_limit"],
         memory_limit=spec["memory_limit"], max_retries=0, reply_to=events_queue,
         run_id=f"{ti['ti_id']}/{ti['attempt']}", trace_id=ti["run_id"],
         headers={**ref, "settle": "report", "run": ti["run_id"], "task_id": ti["task_id"]})
     return Workload(message, spec.get("executor_config", {}))
+
+
+def resolved(value: Any, upstream: Mapping[str, Any]) -> Any:
+    """A spec argument with an upstream reference replaced by that task's return value."""
+    if isinstance(value, dict) and len(value) == 1 and UPSTREAM_REF in value:
+        return upstream.get(value[UPSTREAM_REF])
+    return value
 
 
 class Engine:
@@ -128,7 +144,7 @@ class Engine:
         worker_keeps = kind in ("interrupted", "retried") or (
             kind in FAILED and kind != "dead_lettered" and event.retry_in > 0)
         if kind == "succeeded":
-            return self._succeeded(ti, key, now)
+            return self._succeeded(ti, key, now, event.result)
         if worker_keeps:          # same attempt, back to queued
             self._note(now + ti["queued_timeout"])
             self.store.exec("ti_requeued", error=describe(event), **key)
@@ -141,10 +157,14 @@ class Engine:
             self.store.exec("ti_heartbeat", **key)
         return []
 
-    def _succeeded(self, ti: Row, key: dict[str, Any], now: float) -> list[Row]:
-        if not self.store.exec("ti_succeeded", **key):
+    def _succeeded(self, ti: Row, key: dict[str, Any], now: float, value: Any) -> list[Row]:
+        """Success, with the value the task returned kept in the run (for its children,
+        `tasks show`, and a restarted scheduler), in the same transaction."""
+        result = json.dumps(value)
+        if not self.store.exec("ti_succeeded", result=result, **key):
             return []
-        self.store.exec("record_attempt", outcome="succeeded", error=None, **key)
+        self.store.exec("record_attempt", outcome="succeeded", error=None, result=result,
+                        **key)
         ready = self.store.rows("dispatch_children", run_id=ti["run_id"], now=now,
                                 task_id=ti["task_id"], publish_grace=self.publish_grace)
         self._finish(ti["run_id"], now)
@@ -153,7 +173,7 @@ class Engine:
     def _attempt_failed(self, ti: Row, key: dict[str, Any], outcome: str, error: str,
                         now: float) -> None:
         """Up for retry while attempts remain (backoff from retry.py), else failed for good."""
-        record = {"outcome": outcome, "error": error, **key}
+        record = {"outcome": outcome, "error": error, "result": None, **key}
         if key["attempt"] < ti["max_attempts"]:
             due = now + retry_delay(key["attempt"], json.loads(ti["spec"]))
             if self.store.exec("ti_up_for_retry", error=error, next_retry_at=due, **key):
@@ -245,7 +265,7 @@ class Engine:
         """Hand each newly queued task instance to its executor, then record the publish."""
         published = []
         for ti in sorted(tis, key=lambda t: (-t["priority"], t["position"])):
-            work = workload(ti, self.events_queue)
+            work = workload(ti, self.events_queue, self._upstream_results(ti))
             executor = self.executors.get(ti["executor"])
             try:
                 if executor is None:
@@ -263,6 +283,13 @@ class Engine:
                     self.store.exec("mark_published", ti_id=ti["ti_id"], attempt=ti["attempt"],
                                     now=now)
             self._note(now + min(ti["queued_timeout"] for ti in published))
+
+    def _upstream_results(self, ti: Row) -> dict[str, Any]:
+        """What the task's parents returned (no query for a task without parents)."""
+        if not json.loads(ti["spec"]).get("upstream"):
+            return {}
+        rows = self.store.rows("upstream_results", run_id=ti["run_id"], task_id=ti["task_id"])
+        return {r["task_id"]: json.loads(r["result"]) if r["result"] else None for r in rows}
 
     def _note(self, deadline: float) -> None:
         self.on_deadline(deadline)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, NoReturn
 
+from conveyor.context import TaskContext, context
 from conveyor.errors import UnknownTask
 from conveyor.tasks import PROCESS_INIT, Retry, SoftTimeLimitExceeded, lookup
 from conveyor.worker import frames, isolation
@@ -146,6 +147,7 @@ def run_frame(frame: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
     if message.get("command"):
         _exec_command(message["command"], channel)
     try:
+        context.set(TaskContext.from_wire(message))
         result = lookup(message["task"]).fn(*message.get("args", ()), **message.get("kwargs", {}))
         return {"outcome": "succeeded", "result": _json_safe(result)}
     except UnknownTask as exc:

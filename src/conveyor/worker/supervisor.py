@@ -275,7 +275,9 @@ class Supervisor:
     @staticmethod
     def _wire(message: Message) -> dict[str, Any]:
         return {"task": message.task, "command": list(message.command),
-                "args": list(message.args), "kwargs": dict(message.kwargs), "id": message.id}
+                "args": list(message.args), "kwargs": dict(message.kwargs), "id": message.id,
+                "queue": message.queue, "attempt": message.attempt,
+                "headers": dict(message.headers)}
 
     # -- finishing runs -------------------------------------------------------------------
 

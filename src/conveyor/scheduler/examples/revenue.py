@@ -4,8 +4,13 @@
                                        ├──► aggregate_revenue ──► load_dashboard
     extract_payments ─► clean_payments ┘
 
-Every task appends its name to a ledger file (a `ledger` keyword argument), so tests can
-count side effects: a task recorded twice ran twice. `extract_payments` calls a flaky
+Data flows down the DAG as return values: each extract writes a CSV file and returns
+`{"rows": n, "path": file}`, each clean reads the file its upstream task returned (TaskFlow:
+`dag.task(clean_orders, orders)`), `aggregate_revenue` sums both, and `load_dashboard`
+reads the aggregate through `context.upstream("aggregate_revenue")`. Files go in the
+ledger's folder (else the temp folder). Every task appends its name to a ledger file (a
+`ledger` keyword argument), so tests can count side effects: a task recorded twice ran
+twice. `extract_payments` calls a flaky
 partner API: it fails `fail_rate` of the time with a transient error, decided by
 `random.Random(f"{seed}:{attempt}")` so a test can pick a seed that fails, then succeeds.
 Workers import this module with `--app conveyor.scheduler.examples.revenue`.
@@ -15,9 +20,11 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import time
 from typing import Any
 
+from conveyor.context import context
 from conveyor.scheduler.dag import DAG
 from conveyor.tasks import task
 
@@ -45,44 +52,76 @@ def payments_fail(seed: int, attempt: int, fail_rate: float) -> bool:
     return random.Random(f"{seed}:{attempt}").random() < fail_rate
 
 
+def workdir(ledger: str) -> str:
+    """Where the tasks' files go: beside the ledger, else in the temp folder."""
+    folder = os.path.dirname(ledger) if ledger else os.path.join(tempfile.gettempdir(),
+                                                                  "conveyor-revenue")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def write_rows(ledger: str, name: str, amounts: list[float]) -> dict[str, Any]:
+    """Write `amounts` as a CSV file; what downstream tasks need: its row count and path."""
+    path = os.path.join(workdir(ledger), f"{name}.csv")
+    with open(path, "w") as out:
+        out.writelines(f"{i},{amount:.2f}\n" for i, amount in enumerate(amounts))
+    return {"rows": len(amounts), "path": path}
+
+
+def read_amounts(extracted: dict[str, Any]) -> list[float]:
+    with open(extracted["path"]) as lines:
+        return [float(line.split(",")[1]) for line in lines]
+
+
 @task(name="revenue.extract_orders")
-def extract_orders(ledger: str = "") -> int:
+def extract_orders(ledger: str = "") -> dict[str, Any]:
     record(ledger, "extract_orders")
-    return 1200
+    return write_rows(ledger, "orders", [40.0 + i % 7 for i in range(1200)])
 
 
 @task(name="revenue.extract_payments")
-def extract_payments(ledger: str = "", seed: int = 0, fail_rate: float = 0.4) -> int:
+def extract_payments(ledger: str = "", seed: int = 0, fail_rate: float = 0.4) -> dict[str, Any]:
     attempt = record(ledger, "extract_payments")
     if payments_fail(seed, attempt, fail_rate):
         raise PartnerUnavailable(f"partner API answered 503 Service Unavailable "
                                  f"(attempt {attempt})")
-    return 1180
+    return write_rows(ledger, "payments", [-2.5 if i % 40 == 0 else 39.0 for i in range(1180)])
 
 
 @task(name="revenue.clean_orders")
-def clean_orders(ledger: str = "", pause: float = 0.0) -> int:
+def clean_orders(orders: dict[str, Any] | None = None, ledger: str = "",
+                 pause: float = 0.0) -> dict[str, Any]:
+    """Drop zero and negative amounts from the file `extract_orders` returned."""
     record(ledger, "clean_orders")
     time.sleep(pause)   # a slow transform, so a test can crash the scheduler meanwhile
-    return 1190
+    kept = [a for a in read_amounts(orders) if a > 0] if orders else []
+    return write_rows(ledger, "orders-clean", kept)
 
 
 @task(name="revenue.clean_payments")
-def clean_payments(ledger: str = "") -> int:
+def clean_payments(payments: dict[str, Any] | None = None, ledger: str = "") -> dict[str, Any]:
+    """Refunds (negative amounts) out of the file `extract_payments` returned."""
     record(ledger, "clean_payments")
-    return 1175
+    kept = [a for a in read_amounts(payments) if a > 0] if payments else []
+    return write_rows(ledger, "payments-clean", kept)
 
 
 @task(name="revenue.aggregate_revenue")
-def aggregate_revenue(ledger: str = "") -> float:
+def aggregate_revenue(orders: dict[str, Any] | None = None,
+                      payments: dict[str, Any] | None = None,
+                      ledger: str = "") -> dict[str, Any]:
     record(ledger, "aggregate_revenue")
-    return 48_210.5
+    revenue = sum(read_amounts(orders)) if orders else 0.0
+    return {"revenue": round(revenue, 2), "orders": orders["rows"] if orders else 0,
+            "payments": payments["rows"] if payments else 0}
 
 
 @task(name="revenue.load_dashboard")
 def load_dashboard(ledger: str = "") -> str:
+    """Reads its input explicitly, from the task context, instead of as an argument."""
     record(ledger, "load_dashboard")
-    return "dashboard updated"
+    totals = context.upstream("aggregate_revenue")
+    return f"dashboard updated: revenue {totals['revenue']:.2f} from {totals['orders']} orders"
 
 
 def build(dag_id: str = "revenue", *, ledger: str = "", seed: int = 0, fail_rate: float = 0.4,
@@ -93,13 +132,10 @@ def build(dag_id: str = "revenue", *, ledger: str = "", seed: int = 0, fail_rate
     orders = dag.task(extract_orders, kwargs=ledger_only)
     payments = dag.task(extract_payments, retries=2, retry_delay=retry_delay,
                         kwargs={"ledger": ledger, "seed": seed, "fail_rate": fail_rate})
-    clean_o = dag.task(clean_orders, kwargs={"ledger": ledger, "pause": pause})
-    clean_p = dag.task(clean_payments, kwargs=ledger_only)
-    aggregate = dag.task(aggregate_revenue, kwargs=ledger_only)
-    load = dag.task(load_dashboard, kwargs=ledger_only)
-    orders >> clean_o
-    payments >> clean_p
-    [clean_o, clean_p] >> aggregate >> load
+    clean_o = dag.task(clean_orders, orders, kwargs={"ledger": ledger, "pause": pause})
+    clean_p = dag.task(clean_payments, payments, kwargs=ledger_only)
+    aggregate = dag.task(aggregate_revenue, clean_o, clean_p, kwargs=ledger_only)
+    dag.task(load_dashboard, kwargs=ledger_only, upstream=[aggregate])
     return dag
 
 

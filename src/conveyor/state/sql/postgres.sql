@@ -254,7 +254,7 @@ UPDATE conveyor_task_instances
 
 -- name: ti_succeeded
 UPDATE conveyor_task_instances
-   SET state = 'success', ended_at = %(at)s, error = NULL, deadline = NULL,
+   SET state = 'success', ended_at = %(at)s, error = NULL, deadline = NULL, result = %(result)s,
        started_at = COALESCE(started_at, %(at)s)
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
 
@@ -272,8 +272,9 @@ UPDATE conveyor_task_instances
 
 -- name: record_attempt
 INSERT INTO conveyor_attempts (ti_id, attempt, outcome, queued_at, started_at, ended_at,
-                               hostname, pid, error)
-SELECT ti_id, attempt, %(outcome)s, queued_at, started_at, %(at)s, hostname, pid, %(error)s
+                               hostname, pid, error, result)
+SELECT ti_id, attempt, %(outcome)s, queued_at, started_at, %(at)s, hostname, pid, %(error)s,
+       %(result)s
   FROM conveyor_task_instances WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
 
 -- name: upstream_failed
@@ -374,3 +375,15 @@ DELETE FROM conveyor_results WHERE expires_at <= %(now)s;
 -- name: notify_result
 -- Wakes `wait` in every process LISTENing on the channel; delivered at commit.
 SELECT pg_notify(%(channel)s, %(message_id)s);
+
+-- name: migration_0005
+-- What a DAG task returned (JSON), kept with the run: on the task instance for its
+-- downstream tasks, and on the attempt that produced it.
+ALTER TABLE conveyor_task_instances ADD COLUMN result TEXT;
+ALTER TABLE conveyor_attempts ADD COLUMN result TEXT;
+
+-- name: upstream_results
+-- What the parents of a task returned, for its arguments and its context.
+SELECT p.task_id, p.result FROM conveyor_edges e
+  JOIN conveyor_task_instances p ON p.run_id = e.run_id AND p.task_id = e.upstream
+ WHERE e.run_id = %(run_id)s AND e.downstream = %(task_id)s AND p.state = 'success';

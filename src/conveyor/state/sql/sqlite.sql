@@ -248,7 +248,7 @@ UPDATE conveyor_task_instances
 
 -- name: ti_succeeded
 UPDATE conveyor_task_instances
-   SET state = 'success', ended_at = :at, error = NULL, deadline = NULL,
+   SET state = 'success', ended_at = :at, error = NULL, deadline = NULL, result = :result,
        started_at = COALESCE(started_at, :at)
  WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
 
@@ -265,8 +265,9 @@ UPDATE conveyor_task_instances
 
 -- name: record_attempt
 INSERT INTO conveyor_attempts (ti_id, attempt, outcome, queued_at, started_at, ended_at,
-                               hostname, pid, error)
-SELECT ti_id, attempt, :outcome, queued_at, started_at, :at, hostname, pid, :error
+                               hostname, pid, error, result)
+SELECT ti_id, attempt, :outcome, queued_at, started_at, :at, hostname, pid, :error,
+       :result
   FROM conveyor_task_instances WHERE ti_id = :ti_id AND attempt = :attempt;
 
 -- name: upstream_failed
@@ -366,3 +367,15 @@ DELETE FROM conveyor_results WHERE expires_at <= :now;
 
 -- name: notify_result
 SELECT 1;
+
+-- name: migration_0005
+-- What a DAG task returned (JSON), kept with the run: on the task instance for its
+-- downstream tasks, and on the attempt that produced it.
+ALTER TABLE conveyor_task_instances ADD COLUMN result TEXT;
+ALTER TABLE conveyor_attempts ADD COLUMN result TEXT;
+
+-- name: upstream_results
+-- What the parents of a task returned, for its arguments and its context.
+SELECT p.task_id, p.result FROM conveyor_edges e
+  JOIN conveyor_task_instances p ON p.run_id = e.run_id AND p.task_id = e.upstream
+ WHERE e.run_id = :run_id AND e.downstream = :task_id AND p.state = 'success';

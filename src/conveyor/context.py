@@ -1,0 +1,102 @@
+"""The running task's context: who it is, in which run, and what its upstream tasks returned.
+
+    from conveyor import context, task
+
+    @task
+    def clean_orders() -> int:
+        orders = context.upstream("extract_orders")     # that task's return value
+        ...
+
+The runner sets it before calling the task (from the message: its id, queue and attempt,
+and for a DAG task the headers the scheduler adds: run, DAG, task id, conf and the upstream
+values). Outside a task, reading it raises a `ContextError` that says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.errors import ConveyorError
+
+
+class ContextError(ConveyorError):
+    """The context was read outside a task, or names an upstream task that has no value."""
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    message_id: str = ""
+    queue: str = ""
+    attempt: int = 0
+    run_id: str = ""
+    dag_id: str = ""
+    task_id: str = ""
+    conf: Mapping[str, Any] = field(default_factory=dict)
+    upstream_values: Mapping[str, Any] = field(default_factory=dict)
+
+    def upstream(self, task_id: str) -> Any:
+        """What upstream task `task_id` of this run returned."""
+        if task_id not in self.upstream_values:
+            known = ", ".join(sorted(self.upstream_values)) or "none"
+            raise ContextError(f"task {self.task_id or self.message_id} has no upstream task "
+                               f"{task_id!r} with a value (its upstream tasks: {known})")
+        return self.upstream_values[task_id]
+
+    @classmethod
+    def from_wire(cls, message: Mapping[str, Any]) -> TaskContext:
+        """The context of a message as the supervisor hands it to a runner."""
+        headers = message.get("headers") or {}
+        return cls(message_id=message.get("id", ""), queue=message.get("queue", ""),
+                   attempt=int(message.get("attempt", 0)), run_id=headers.get("run", ""),
+                   dag_id=headers.get("dag", ""), task_id=headers.get("task_id", ""),
+                   conf=json.loads(headers.get("conf", "{}")),
+                   upstream_values=json.loads(headers.get("upstream", "{}")))
+
+
+class CurrentContext:
+    """`conveyor.context`: the running task's `TaskContext`, read where it is used."""
+
+    def __init__(self) -> None:
+        self._current: TaskContext | None = None
+
+    def set(self, value: TaskContext | None) -> None:
+        self._current = value
+
+    def get(self) -> TaskContext:
+        if self._current is None:
+            raise ContextError("conveyor.context is only set inside a running task")
+        return self._current
+
+    def upstream(self, task_id: str) -> Any:
+        """What upstream task `task_id` of this DAG run returned."""
+        return self.get().upstream(task_id)
+
+    @property
+    def run_id(self) -> str:
+        return self.get().run_id
+
+    @property
+    def dag_id(self) -> str:
+        return self.get().dag_id
+
+    @property
+    def task_id(self) -> str:
+        return self.get().task_id
+
+    @property
+    def attempt(self) -> int:
+        return self.get().attempt
+
+    @property
+    def conf(self) -> Mapping[str, Any]:
+        return self.get().conf
+
+    @property
+    def queue(self) -> str:
+        return self.get().queue
+
+
+context = CurrentContext()
