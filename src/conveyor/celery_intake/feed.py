@@ -165,20 +165,23 @@ class Feed(ConsumerMixin):
         self.flush()
 
     def _publication(self, celery_queue: str, message: KombuMessage) -> Publication:
-        """What to publish for one Celery message: the task, or its rejection record."""
-        raw = _raw(celery_queue, message)
-        outcome: Accepted | Rejected
-        try:
-            outcome = convert(raw, intake_queue(celery_queue), self.lookup, time.time(),
-                              self.reply_to)
-            if isinstance(outcome, Accepted):
-                return self.client.publication(outcome.message, outcome.delay)
-        except (MessageError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            outcome = Rejected(f"cannot be converted ({type(exc).__name__}: {exc})")
-        log.warning("Celery message %s (%s) from queue %r is rejected: %s", raw.task_id,
-                    raw.task_name or "?", celery_queue, outcome.reason)
-        return Publication(rejects_queue(celery_queue), record(raw, outcome.reason,
-                                                               outcome.state))
+        return publication(_raw(celery_queue, message), self.client, self.lookup,
+                           self.reply_to)
+
+
+def publication(raw: CeleryMessage, client: Client,
+                lookup: Callable[[str], Task[Any, Any] | None], reply_to: str) -> Publication:
+    """What to publish for one Celery message: the task, or its rejection record."""
+    outcome: Accepted | Rejected
+    try:
+        outcome = convert(raw, intake_queue(raw.queue), lookup, time.time(), reply_to)
+        if isinstance(outcome, Accepted):
+            return client.publication(outcome.message, outcome.delay)
+    except (MessageError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        outcome = Rejected(f"cannot be converted ({type(exc).__name__}: {exc})")
+    log.warning("Celery message %s (%s) from queue %r is rejected: %s", raw.task_id,
+                raw.task_name or "?", raw.queue, outcome.reason)
+    return Publication(rejects_queue(raw.queue), record(raw, outcome.reason, outcome.state))
 
 
 def ack_all(messages: list[KombuMessage]) -> None:

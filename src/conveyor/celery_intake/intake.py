@@ -23,6 +23,7 @@ from conveyor import broker as brokers
 from conveyor.celery_intake.feed import Feed, celery_connection
 from conveyor.celery_intake.names import intake_queue, rejects_queue
 from conveyor.celery_intake.outcomes import RESULTS_QUEUE, OutcomeLoop
+from conveyor.celery_intake.redis_feed import RedisFeed
 from conveyor.celery_intake.results import RedisResults
 from conveyor.client import Client
 from conveyor.errors import BrokerConnectionError, ConfigError, ConveyorError
@@ -70,7 +71,7 @@ class Intake:
         self._on_failure = on_failure or (lambda: os.kill(os.getpid(), signal.SIGTERM))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._feed: Feed | None = None
+        self._feed: Feed | RedisFeed | None = None
         self._outcomes: OutcomeLoop | None = None
 
     def run(self, main: Callable[[], int]) -> int:
@@ -88,7 +89,9 @@ class Intake:
         c = self.config
         backend = RedisResults(c.result_backend) if c.result_backend else None
         client = Client(brokers.from_url(c.broker_url or None), self.codec)
-        self._feed = Feed(_reachable(c.celery_broker_url), c.celery_queues, client,
+        kind = RedisFeed if c.celery_broker_url.lower().startswith(("redis://", "rediss://")) \
+            else Feed
+        self._feed = kind(_reachable(c.celery_broker_url), c.celery_queues, client,
                           self.lookup, RESULTS_QUEUE if backend else "", c.prefetch)
         self._outcomes = OutcomeLoop(brokers.from_url(c.broker_url or None),
                                      tuple(rejects_queue(q) for q in c.celery_queues),
