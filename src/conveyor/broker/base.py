@@ -30,6 +30,8 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.errors import LeaseLost
+
 DEFAULT_LEASE_SECONDS = 60.0
 log = logging.getLogger("conveyor.broker")
 #: How often the default `watch` reads depth: far below any autoscaler's polling interval.
@@ -105,6 +107,7 @@ class Broker(abc.ABC):
         self._interrupted = threading.Event()
         self._paused = False
         self._prefetch = 1
+        self._unhanded: list[Delivery] = []   # claimed by consume, not yet handed out
 
     # -- the seam -----------------------------------------------------------------------
 
@@ -136,6 +139,7 @@ class Broker(abc.ABC):
         self._prefetch = prefetch
         self._start_consuming(queues, prefetch)
         buffered: list[Delivery] = []
+        self._unhanded = buffered
         try:
             yield from self._steps(queues, prefetch, timeout, buffered)
         finally:
@@ -161,6 +165,20 @@ class Broker(abc.ABC):
                 step_timeout = yield buffered.pop(0)
             else:
                 step_timeout = yield None
+
+    def renew_claimed(self, seconds: float | None = None) -> None:
+        """Extend the leases of deliveries `consume` claimed and has not handed out yet.
+
+        A consumer that claims in batches with a short lease (the scheduler) calls this while
+        it is alive, so a live consumer keeps its batch and a killed one's batch comes back
+        as soon as the short lease runs out. One whose lease was already lost is dropped: it
+        is someone else's now. Transports without leases make `extend_lease` a no-op.
+        """
+        for delivery in list(self._unhanded):
+            try:
+                self.extend_lease(delivery, seconds)
+            except LeaseLost:
+                self._unhanded.remove(delivery)
 
     def _return_unhanded(self, buffered: list[Delivery]) -> None:
         """A consume loop dropped with claims it never handed out returns them at once,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from conveyor import broker as brokers
 from conveyor.broker import Broker, Delivery
 from conveyor.client import Client
-from conveyor.errors import MessageError
+from conveyor.errors import LeaseLost, MessageError
 from conveyor.events import Event
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.dag import DAG
@@ -101,6 +101,7 @@ class Daemon:
         self.inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.waker = Waker(broker.wakeup)
         self._stop = threading.Event()
+        self._renewed = time.monotonic()
         engine.on_deadline = self.waker.at
 
     def report(self, event: Event) -> None:
@@ -125,6 +126,7 @@ class Daemon:
                 executor.check()
             self._drain_inbox()
             poked = delivery is not None and self._receive(delivery)
+            self._renew_leases()
             if poked or delivery is None or self.waker.fired():
                 self._tick()
             if self._stop.is_set():
@@ -133,6 +135,14 @@ class Daemon:
                 finished = self.engine.runs_finished
                 if self._idle():
                     return
+
+    def _renew_leases(self) -> None:
+        """Keep the events claimed in a batch ours while we work through them (a third of
+        the lease apart): a live scheduler keeps them, a killed one's come back soon."""
+        now = time.monotonic()
+        if now - self._renewed >= self.broker.lease_seconds / 3:
+            self._renewed = now
+            self.broker.renew_claimed()
 
     def _tick(self) -> None:
         self.waker.at(self.engine.tick(time.time()), replace=True)
@@ -165,7 +175,11 @@ class Daemon:
             self.broker.dead_letter(delivery, f"the scheduler failed to apply this event "
                                               f"{delivery.delivery_count} times: {exc!r}")
             return False
-        self.broker.ack(delivery)
+        try:
+            self.broker.ack(delivery)
+        except LeaseLost:   # applied meanwhile elsewhere or again later: both are no-ops
+            log.info("event %s of %s applied after its lease lapsed; another scheduler may "
+                     "apply it too, which changes nothing", event.kind, event.message_id)
         return False
 
     def _idle(self) -> bool:
@@ -220,6 +234,7 @@ def build(config: SchedulerConfig, dags: Mapping[str, DAG]) -> Daemon:
     engine = Engine(store, executors, dags=dags, events_queue=config.events_queue,
                     publish_grace=config.publish_grace)
     broker = brokers.from_url(config.settings.broker_url)
+    broker.lease_seconds = config.event_lease
     return Daemon(engine, broker, executors, events_queue=config.events_queue,
                   control_queue=config.control_queue)
 
