@@ -23,11 +23,13 @@ import argparse
 import functools
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from conveyor.errors import ConfigError
 from conveyor.locations import data_dir, redact
@@ -142,6 +144,24 @@ def _where(env_name: str, source: str) -> str:
 
 # -- the catalog of settings -----------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Renamed:
+    """An old spelling (flag, variable, file key) of a setting: it keeps working, with one
+    deprecation line on stderr, unless `refuse` says the value meant something else there."""
+
+    flag: str
+    env: str
+    #: a reason to refuse a value under the old name (it meant something else), or None
+    refuse: Callable[[str], str | None] = lambda raw: None
+
+    def accept(self, where: str, raw: str, new: str) -> None:
+        """Refuse a value the old name meant differently; else warn once that it is old."""
+        reason = self.refuse(raw)
+        if reason:
+            raise ConfigError(f"{where}={raw!r}: {reason}")
+        print(f"conveyor: {where} is deprecated, use {new} (same meaning)", file=sys.stderr)
+
+
 @dataclass
 class Key:
     """One setting: its variable, its flags, its default, and the commands that take it."""
@@ -155,6 +175,8 @@ class Key:
     convert: Callable[[str], Any] | None = None
     #: command -> its default, where commands sharing the setting differ
     defaults: dict[str, Any] = field(default_factory=dict)
+    #: the setting's old spelling, still accepted with a deprecation line
+    renamed: Renamed | None = None
 
     @property
     def name(self) -> str:
@@ -189,7 +211,8 @@ class Catalog(dict[str, Key]):
     def check_file(self) -> None:
         """Stop if the file names a key no setting has (call after every flag is declared)."""
         path = config_file()
-        known = {key.name for key in self.values()}
+        known = {key.name for key in self.values()} | {
+            key_name(key.renamed.env) for key in self.values() if key.renamed}
         for name, value in file_values(path).items():
             if name not in known:
                 raise ConfigError(f"{path}: {name} = {value!r} is not a setting (misspelt?); "
@@ -207,6 +230,10 @@ class SettingsParser(argparse.ArgumentParser):
         kwargs.setdefault("parser_class", functools.partial(SettingsParser,
                                                             catalog=self.catalog))
         return super().add_subparsers(**kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """Bad input is one line (not the whole usage): what is wrong, and where to look."""
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def shown(key: Key, value: Any) -> str:
@@ -294,35 +321,157 @@ def _allowed(exc: Exception) -> str:
     return text
 
 
+# -- kinds: what a setting's text may be ---------------------------------------------------
+
+def _number(text: str, kind: type[int] | type[float], ok: Callable[[Any], bool],
+            allowed: str) -> Any:
+    """`text` as a number that `ok` accepts, or a ValueError saying what is `allowed`."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"must be {allowed}") from None
+    if not ok(value):
+        raise ValueError(f"must be {allowed}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number, 1 or more (slots, counts)."""
+    return int(_number(text, int, lambda v: v >= 1, "a whole number, 1 or more"))
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number, 0 or more (priorities, retries)."""
+    return int(_number(text, int, lambda v: v >= 0, "a whole number, 0 or more"))
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds, 0 or more (0 usually means none; nan and inf are refused)."""
+    return float(_number(text, float, lambda v: 0 <= v < float("inf"),
+                         "a number of seconds, 0 or more"))
+
+
+def positive_seconds(text: str) -> float:
+    """A duration in seconds, more than 0 (intervals: 0 would spin)."""
+    return float(_number(text, float, lambda v: 0 < v < float("inf"),
+                         "a number of seconds, more than 0"))
+
+
+def port(text: str) -> int:
+    """A TCP port, or 0 for off."""
+    return int(_number(text, int, lambda v: 0 <= v <= 65535,
+                       "a port number, 1 to 65535 (0: off)"))
+
+
+def url(text: str) -> str:
+    """A URL of the form scheme://[user[:password]@]host[:port]/…, or "" (the default)."""
+    if not text:
+        return text
+    if "://" not in text:
+        raise ValueError("must be a URL, e.g. redis://localhost:6379/0 or sqlite:///path.db")
+    try:
+        if urlsplit(text).port == 0:   # parsing the port: "host:notaport" fails here, not later
+            raise ValueError("port 0")
+    except ValueError:
+        netloc = urlsplit(text).netloc.rsplit("@", 1)[-1]
+        raise ValueError(f"its port in {netloc!r} is not a number from 1 to 65535") from None
+    return text
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(text: str) -> str:
+    """A logging level name, any case."""
+    if text.upper() not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+    return text.upper()
+
+
+def size(text: str) -> int:
+    """A size in bytes, or with a unit: 512MiB, 2GiB."""
+    try:
+        return parse_size(text)
+    except ConfigError:
+        raise ValueError("must be a size: bytes, or a number with a unit, e.g. 512MiB, "
+                         "2GiB") from None
+
+
 # -- flags -----------------------------------------------------------------------------------
 
 def env_flag(parser: Any, *names: str, env: str, default: Any = None, kind: Any = str,
-             help: str = "", **kwargs: Any) -> None:
+             help: str = "", renamed: Renamed | None = None, **kwargs: Any) -> None:
     """Add a flag whose default comes from `env`, then the file, then `default`.
 
     The variable is named in --help, the setting is recorded in the parser's catalog (a
-    `SettingsParser`; a plain parser records nothing), and a bad value
-    in the environment or the file stops the program with one line naming the key, the
-    value and what is allowed.
+    `SettingsParser`; a plain parser records nothing), and a bad value, on the command line,
+    in the environment or in the file, stops the program with one line naming the setting,
+    the value and what is allowed. `renamed`: the old spelling, still accepted.
     """
-    raw, source = lookup(env)
-    value = default
-    if raw is not None:
-        try:
-            value = kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes", "on")
-        except (ValueError, ConfigError, TypeError) as exc:
-            raise ConfigError(f"{_where(env, source)}={raw!r} is not allowed: "
-                              f"{_allowed(exc)}") from None
+    value = _from_environment(env, default, kind, renamed, names[-1])
     shown_default = f"; default: {default}" if default not in (None, "", False, ()) else ""
     text = f"{help} [env: {env}{shown_default}]"
     if kind is bool:
         action = parser.add_argument(*names, action="store_true", default=value, help=text,
                                      **kwargs)
     else:
-        action = parser.add_argument(*names, type=kind, default=value, help=text, **kwargs)
+        action = parser.add_argument(*names, type=checked(kind), default=value, help=text,
+                                     **kwargs)
+    if renamed is not None:
+        parser.add_argument(renamed.flag, dest=action.dest, default=argparse.SUPPRESS,
+                            type=_old_spelling(renamed, kind, names[-1]), help=argparse.SUPPRESS)
     catalog = getattr(parser, "catalog", None)
     if catalog is not None:
-        catalog.declare(env, default=default, help=help,
-                        flags=tuple(n for n in names if n.startswith("--")), dest=action.dest,
-                        command=parser.prog.removeprefix("conveyor ").strip(),
-                        convert=None if kind is bool else kind)
+        key = catalog.declare(env, default=default, help=help,
+                              flags=tuple(n for n in names if n.startswith("--")),
+                              dest=action.dest,
+                              command=parser.prog.removeprefix("conveyor ").strip(),
+                              convert=None if kind is bool else kind)
+        key.renamed = renamed
+
+
+def _from_environment(env: str, default: Any, kind: Any, renamed: Renamed | None,
+                      flag: str) -> Any:
+    """The value the environment or the file gives (the old spelling too), else `default`."""
+    raw, source = lookup(env)
+    where = _where(env, source)
+    if raw is None and renamed is not None:
+        raw, source = lookup(renamed.env)
+        where = _where(renamed.env, source)
+        if raw is not None:
+            renamed.accept(where, raw, key_name(env) if source.startswith("file ") else env)
+    if raw is None:
+        return default
+    try:
+        return kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes", "on")
+    except (ValueError, ConfigError, TypeError, argparse.ArgumentTypeError) as exc:
+        raise ConfigError(f"{where}={_safe(raw)!r} is not allowed: {_allowed(exc)}") from None
+
+
+def _safe(raw: str) -> str:
+    """A value fit for an error message: a URL's password masked."""
+    return redact(raw) if "://" in raw else raw
+
+
+def checked(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`kind` for argparse: any refusal becomes one line naming the value and what is allowed
+    (argparse adds the flag's name)."""
+    def convert(raw: str) -> Any:
+        try:
+            return kind(raw)
+        except (ValueError, ConfigError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(f"{_safe(raw)!r} is not allowed: "
+                                             f"{_allowed(exc)}") from None
+    convert.__name__ = getattr(kind, "__name__", "value")
+    return convert
+
+
+def _old_spelling(renamed: Renamed, kind: Callable[[str], Any],
+                  new: str) -> Callable[[str], Any]:
+    def convert(raw: str) -> Any:
+        try:
+            renamed.accept(renamed.flag, raw, new)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+        return checked(kind)(raw)
+    return convert

@@ -152,7 +152,7 @@ def test_not_root_without_uid_closes_memory_and_environ_but_not_signals(shared: 
     url = f"sqlite:///{shared}/broker.db"
     broker = from_url(url)
     try:
-        report, out = _run_worker(broker, url, "q", shared, "--max-memory-per-child=1GiB",
+        report, out = _run_worker(broker, url, "q", shared, "--memory-limit=1GiB",
                                   prefix=tuple(AS_NOBODY), python=python,
                                   pythonpath=pythonpath)
     finally:

@@ -38,7 +38,7 @@ fallback_replicas = 2
 kind = "local"
 queues = ["heavy", "default"]
 drain_timeout = 600
-worker_args = ["--max-memory-per-child=2GiB"]
+worker_args = ["--memory-limit=2GiB"]
 """)
     config = load(path)
     assert config.broker_url.startswith("redis://") and config.metrics_port == 9500
@@ -48,7 +48,7 @@ worker_args = ["--max-memory-per-child=2GiB"]
                                 stabilization_window=60.0, fallback_replicas=2)
     assert (default.deployment, default.polling_interval) == ("conveyor-worker-default", 2.5)
     assert heavy.queues == ("heavy", "default") and heavy.drain_timeout == 600.0
-    assert heavy.worker_args == ("--max-memory-per-child=2GiB",)
+    assert heavy.worker_args == ("--memory-limit=2GiB",)
 
 
 def test_defaults_are_the_issues() -> None:

@@ -50,7 +50,8 @@ def test_settings_read_the_file_too(home: Path, monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize(("where", "text", "expected"), [
     ("env", "many", "CONVEYOR_CONCURRENCY='many' is not allowed: must be a whole number"),
-    ("file", "concurrency = 0", "conveyor.toml: concurrency='0' is not allowed: 0 must be 1"),
+    ("file", "concurrency = 0",
+     "conveyor.toml: concurrency='0' is not allowed: must be a whole number, 1 or more"),
     ("file", "concurency = 4", "conveyor.toml: concurency = 4 is not a setting (misspelt?)"),
     ("file", "[worker]\nx = 1", "[worker] is a table"),
 ])

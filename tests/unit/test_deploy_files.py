@@ -80,7 +80,7 @@ def test_workers_have_memory_caps_and_time_to_drain(name: str) -> None:
     service = WORKERS[name]
     command = service["command"]
     container = parse_size(service["mem_limit"].upper().replace("G", "GiB"))
-    per_task = parse_size(flag(command, "max-memory-per-child"))
+    per_task = parse_size(flag(command, "memory-limit"))
     assert 0 < per_task < container
     drain = float(flag(command, "drain-timeout"))
     assert seconds(service["stop_grace_period"]) >= drain + 15

@@ -14,7 +14,7 @@ from types import FrameType
 
 from conveyor.autoscaler import config as configs
 from conveyor.autoscaler import daemon as daemons
-from conveyor.config import env_flag
+from conveyor.config import env_flag, log_level, port, url
 
 log = logging.getLogger("conveyor.autoscaler")
 
@@ -26,12 +26,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     env_flag(p, "-f", "--config", env="CONVEYOR_AUTOSCALER_CONFIG", default="autoscaler.toml",
              help="TOML file of targets (see below)")
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
              help="broker URL (default: the file's broker_url, else the embedded SQLite file)")
     env_flag(p, "--metrics-port", env="CONVEYOR_AUTOSCALER_METRICS_PORT", default=None,
-             kind=int, help="port of /metrics and /api/v1/queues/<queue> (default: the "
+             kind=port, help="port of /metrics and /api/v1/queues/<queue> (default: the "
              "file's metrics_port, else 9400; 0: off)")
-    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
+             help="log level")
     p.set_defaults(run=run_autoscaler)
 
 

@@ -57,6 +57,8 @@ def effective(parser: argparse.ArgumentParser, catalog: Catalog,
 
 def _resolved(key: Key) -> tuple[Any, str]:
     raw, source = lookup(key.env)
+    if raw is None and key.renamed is not None:   # the old spelling still counts
+        raw, source = lookup(key.renamed.env)
     if raw is None:
         return key.default, source
     return (key.convert(raw) if key.convert else raw), source

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from conveyor import broker as brokers
 from conveyor.celery_intake.names import rejects_of
-from conveyor.config import Settings, env_flag
+from conveyor.config import Settings, env_flag, url
 from conveyor.scheduler.config import CONTROL_QUEUE
 from conveyor.scheduler.engine import EVENTS_QUEUE
 from conveyor.state.store import Store
@@ -22,10 +22,10 @@ RECENT = 200
 
 def connection_flags(p: argparse.ArgumentParser, *, state: bool = True) -> None:
     """--broker, --state (optional) and --json, with their CONVEYOR_* variables."""
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
              help="broker URL (default: the embedded SQLite file)")
     if state:
-        env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="",
+        env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
                  help="state store URL, sqlite:///… or postgresql://… (default: embedded "
                       "SQLite)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")

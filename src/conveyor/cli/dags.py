@@ -16,7 +16,7 @@ from typing import Any
 
 from conveyor.cli.output import json_argument, table
 from conveyor.cli.runs import DONE, show_run
-from conveyor.config import parse_size
+from conveyor.config import checked, non_negative_int, seconds, size
 from conveyor.errors import ConfigError
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.cli import common_flags, config_from, load
@@ -64,11 +64,13 @@ def _register_submit(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--kwargs", type=json_argument(dict), default={}, help="JSON object")
     p.add_argument("-Q", "--queue", default=None, help="queue (default: the task's)")
     p.add_argument("--executor", default=None, help="executor (default: the first configured)")
-    p.add_argument("--retries", type=int, default=None, help="retries after a failure")
-    p.add_argument("--retry-delay", type=float, default=None, help="first retry delay, seconds")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds")
-    p.add_argument("--memory-limit", type=parse_size, default=None, help="e.g. 512MiB")
-    p.add_argument("--priority", type=int, default=None)
+    p.add_argument("--retries", type=checked(non_negative_int), default=None,
+                   help="retries after a failure")
+    p.add_argument("--retry-delay", type=checked(seconds), default=None,
+                   help="first retry delay, seconds")
+    p.add_argument("--time-limit", type=checked(seconds), default=None, help="seconds")
+    p.add_argument("--memory-limit", type=checked(size), default=None, help="e.g. 512MiB")
+    p.add_argument("--priority", type=checked(non_negative_int), default=None)
     _wait_flags(p)
     common_flags(p, dags=False)
     p.set_defaults(run=run_submit)
@@ -77,7 +79,7 @@ def _register_submit(commands: argparse._SubParsersAction) -> None:
 def _wait_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true", help="wait for the run to end; exit 0 on "
                    "success, 1 on failure")
-    p.add_argument("--timeout", type=float, default=0.0, help="give up waiting after S "
+    p.add_argument("--timeout", type=checked(seconds), default=0.0, help="give up waiting after S "
                    "seconds (0: never)")
 
 

@@ -27,6 +27,7 @@ from conveyor.broker import Broker, DeadLetter
 from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
 from conveyor.cli.output import hexdump, output, terminal_width, wrapped_table
 from conveyor.cli.output import progress as show_progress
+from conveyor.config import checked, positive_int
 from conveyor.errors import ConfigError
 from conveyor.scheduler.runs import iso
 
@@ -47,7 +48,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     verbs = group.add_subparsers(dest="dead_command", required=True)
     listing = verbs.add_parser("list", help="dead letters: id, queue, task, reason")
     _selection(listing)
-    listing.add_argument("--limit", type=int, default=100, help="per queue (default 100)")
+    listing.add_argument("--limit", type=checked(positive_int), default=100,
+                         help="per queue (default 100)")
     listing.add_argument("--wide", action="store_true", help="each reason whole on one line "
                          "(default: reasons wrap to the terminal's width)")
     listing.set_defaults(run=run_list)

@@ -6,14 +6,16 @@ import argparse
 import time
 
 from conveyor import broker as brokers
+from conveyor.config import checked, positive_int, url
 from conveyor.locations import redact
 from conveyor.message import Codec, Message
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help=run_demo.__doc__)
-    demo.add_argument("--broker", default=None, help="broker URL (default: embedded SQLite)")
-    demo.add_argument("--count", type=int, default=5)
+    demo.add_argument("--broker", default=None, type=checked(url),
+                      help="broker URL (default: embedded SQLite)")
+    demo.add_argument("--count", type=checked(positive_int), default=5)
     demo.set_defaults(run=run_demo)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from conveyor import broker as brokers
 from conveyor.cli.output import json_argument
 from conveyor.client import Client
-from conveyor.config import Settings, env_flag
+from conveyor.config import Settings, checked, env_flag, non_negative_int, seconds, url
 from conveyor.errors import ResultError
 from conveyor.message import Message
 
@@ -31,11 +31,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="positional args, a JSON list")
     p.add_argument("--kwargs", type=json_argument(dict), default={},
                    help="keyword args, a JSON object")
-    p.add_argument("--delay", type=float, default=0.0, help="seconds before it may run")
-    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--delay", type=checked(seconds), default=0.0, help="seconds before it may run")
+    p.add_argument("--priority", type=checked(non_negative_int), default=0)
     p.add_argument("--wait", action="store_true", help="wait for the result and print it as JSON")
-    p.add_argument("--timeout", type=float, default=0.0, help="give up waiting after S (0: never)")
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+    p.add_argument("--timeout", type=checked(seconds), default=0.0,
+                   help="give up waiting after S (0: never)")
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
              help="broker URL (default: the embedded SQLite file)")
     p.set_defaults(run=run_enqueue)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from conveyor.cli.connections import connection_flags, opened_store
 from conveyor.cli.output import output, table
+from conveyor.config import checked, positive_int
 from conveyor.scheduler.cli import common_flags, config_from
 from conveyor.scheduler.errors import RunError
 from conveyor.scheduler.runs import iso
@@ -35,7 +36,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing.add_argument("--dag", default="", help="only runs of this DAG")
     listing.add_argument("--run-state", default="", choices=("", *STATES), help="only runs "
                          "in this state (--state is the state store's URL)")
-    listing.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    listing.add_argument("--limit", type=checked(positive_int), default=20,
+                         help="how many (default 20)")
     connection_flags(listing)
     listing.set_defaults(run=run_runs_list)
     tasks = commands.add_parser("tasks", help="inspect task instances").add_subparsers(

@@ -16,6 +16,7 @@ from typing import Any
 from conveyor.broker import Broker
 from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
 from conveyor.cli.output import output, table
+from conveyor.config import checked, non_negative_int
 from conveyor.scheduler.runs import iso
 from conveyor.state.store import Store
 from conveyor.worker.registry import workers
@@ -26,7 +27,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                             description=__doc__)
     p.add_argument("-Q", "--queue", action="append", default=[], help="also show this queue "
                    "(repeatable)")
-    p.add_argument("--runs", type=int, default=10, help="recent runs to show (default 10)")
+    p.add_argument("--runs", type=checked(non_negative_int), default=10,
+                   help="recent runs to show (default 10)")
     connection_flags(p)
     p.set_defaults(run=run_status)
 

@@ -31,7 +31,7 @@ from conveyor import broker as brokers
 from conveyor.autoscaler import daemon as autoscalers
 from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
 from conveyor.autoscaler.policy import Rule
-from conveyor.config import Settings, env_flag
+from conveyor.config import Settings, env_flag, log_level, port, positive_int, seconds, url
 from conveyor.errors import ConfigError
 from conveyor.scheduler import examples
 from conveyor.scheduler.daemon import task_modules
@@ -52,24 +52,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("up", help="scheduler, autoscaler and workers in one command, "
                             "on the embedded SQLite files", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
              help="broker URL (default: the embedded SQLite file)")
-    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="",
+    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
              help="state store URL (default: the embedded SQLite file)")
     env_flag(p, "--dags-folder", env="CONVEYOR_DAGS_FOLDER", default="",
              help="folder of DAG files (default: the bundled examples, revenue among them)")
     env_flag(p, "-Q", "--queues", env="CONVEYOR_QUEUES", default="default",
              help="comma-separated queues the workers serve")
-    env_flag(p, "--max-workers", env="CONVEYOR_UP_MAX_WORKERS", default=2, kind=int,
+    env_flag(p, "--max-workers", env="CONVEYOR_UP_MAX_WORKERS", default=2, kind=positive_int,
              help="most worker processes the autoscaler starts")
     env_flag(p, "-c", "--concurrency", env="CONVEYOR_CONCURRENCY", default=os.cpu_count() or 2,
-             kind=int,
+             kind=positive_int,
              help="runner slots per worker")
-    env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=10.0, kind=float,
+    env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=10.0, kind=seconds,
              help="seconds running tasks get to finish after Ctrl-C")
     env_flag(p, "--metrics-port", env="CONVEYOR_AUTOSCALER_METRICS_PORT", default=9400,
-             kind=int, help="the autoscaler's /metrics and queue-depth API (0: off)")
-    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+             kind=port, help="the autoscaler's /metrics and queue-depth API (0: off)")
+    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
+             help="log level")
     p.set_defaults(run=run_up)
 
 

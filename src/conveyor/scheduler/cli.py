@@ -11,7 +11,7 @@ import argparse
 import logging
 import signal
 
-from conveyor.config import env_flag
+from conveyor.config import env_flag, log_level, positive_int, positive_seconds, url
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.loader import Loaded, load_folder
@@ -20,9 +20,9 @@ log = logging.getLogger("conveyor.scheduler")
 
 
 def common_flags(p: argparse.ArgumentParser, *, dags: bool = True) -> None:
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
              help="broker URL (default: the embedded SQLite file)")
-    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="",
+    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
              help="state store URL, sqlite:///… or postgresql://… (default: embedded SQLite)")
     env_flag(p, "--executors", env="CONVEYOR_EXECUTORS", default="queue",
              help="comma-separated executors, the first the default: queue, local, kubernetes")
@@ -40,15 +40,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     common_flags(p)
     env_flag(p, "--burst", env="CONVEYOR_SCHEDULER_BURST", default=False, kind=bool,
              help="exit when no run is queued or running")
-    env_flag(p, "--local-slots", env="CONVEYOR_LOCAL_SLOTS", default=4, kind=int,
+    env_flag(p, "--local-slots", env="CONVEYOR_LOCAL_SLOTS", default=4, kind=positive_int,
              help="tasks the local executor runs at once")
     env_flag(p, "--kubernetes-namespace", env="CONVEYOR_KUBERNETES_NAMESPACE",
              default="default", help="namespace of task pods")
     env_flag(p, "--kubernetes-image", env="CONVEYOR_KUBERNETES_IMAGE", default="",
              help="default image of task pods (a task's executor_config may name another)")
     env_flag(p, "--kubernetes-pending-timeout", env="CONVEYOR_KUBERNETES_PENDING_TIMEOUT",
-             default=300.0, kind=float, help="seconds a pod may stay Pending before it fails")
-    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+             default=300.0, kind=positive_seconds,
+             help="seconds a pod may stay Pending before it fails")
+    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
+             help="log level")
     p.set_defaults(run=run_scheduler)
 
 

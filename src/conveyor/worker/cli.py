@@ -16,7 +16,18 @@ from typing import Any
 
 from conveyor import broker as brokers
 from conveyor import results
-from conveyor.config import Settings, env_flag, parse_size
+from conveyor.config import (
+    Renamed,
+    Settings,
+    env_flag,
+    log_level,
+    port,
+    positive_int,
+    positive_seconds,
+    seconds,
+    size,
+    url,
+)
 from conveyor.errors import ConfigError
 from conveyor.results.base import ResultStore
 from conveyor.worker.isolation import make_non_dumpable, resolve_task_user
@@ -32,18 +43,18 @@ def _queues(text: str) -> tuple[str, ...]:
     return queues
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"{text} must be 1 or more")
-    return value
+def _celery_memory_threshold(raw: str) -> str | None:
+    """Why `--max-memory-per-child` refuses a bare number (None: it takes the value)."""
+    if raw.strip().isdigit() and int(raw) != 0:
+        return ("a bare number is Celery's KiB threshold for replacing a child after a task; "
+                "Conveyor's hard cap on each runner is --memory-limit, with a unit, e.g. "
+                f"--memory-limit={max(1, int(raw) // 1024)}MiB")
+    return None
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise ValueError(f"{text!r} is not a number of seconds >= 0")
-    return value
+#: The hard cap was called --max-memory-per-child, Celery's name for something else.
+MEMORY_LIMIT_WAS = Renamed("--max-memory-per-child", "CONVEYOR_MAX_MEMORY_PER_CHILD",
+                           refuse=_celery_memory_threshold)
 
 
 def _apps(text: str) -> tuple[str, ...]:
@@ -56,22 +67,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     env_flag(p, "-Q", "--queues", env="CONVEYOR_QUEUES", default=("default",), kind=_queues,
              help="comma-separated queues, first listed first")
     env_flag(p, "-c", "--concurrency", env="CONVEYOR_CONCURRENCY", default=os.cpu_count() or 2,
-             kind=_positive_int, help="runner slots (tasks at once)")
+             kind=positive_int, help="runner slots (tasks at once)")
     env_flag(p, "-A", "--app", env="CONVEYOR_APP", default=(), kind=_apps,
              help="comma-separated modules that register tasks (imported once, before forking)")
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="",
+    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
              help="broker URL (default: the embedded SQLite file)")
-    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="",
+    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
              help="state store the worker registers in, for `conveyor status` (default: "
              "the embedded one when the broker is too, else none)")
-    env_flag(p, "--max-memory-per-child", env="CONVEYOR_MAX_MEMORY_PER_CHILD", default=0,
-             kind=parse_size, help="memory cap of each runner, e.g. 2GiB (0: no cap)")
+    env_flag(p, "--memory-limit", env="CONVEYOR_MEMORY_LIMIT", default=0, kind=size,
+             renamed=MEMORY_LIMIT_WAS, help="hard memory cap of each runner (bytes, or a unit: "
+             "2GiB; 0: no cap); a task's own memory_limit wins")
     env_flag(p, "--max-tasks-per-child", env="CONVEYOR_MAX_TASKS_PER_CHILD", default=1,
-             kind=_positive_int, help="tasks a runner runs before it is replaced (1: fresh "
+             kind=positive_int, help="tasks a runner runs before it is replaced (1: fresh "
              "runner per task, the safe default)")
-    env_flag(p, "--time-limit", env="CONVEYOR_TIME_LIMIT", default=0.0, kind=float,
+    env_flag(p, "--time-limit", env="CONVEYOR_TIME_LIMIT", default=0.0, kind=seconds,
              help="hard time limit in seconds: the runner is killed (0: none)")
-    env_flag(p, "--soft-time-limit", env="CONVEYOR_SOFT_TIME_LIMIT", default=0.0, kind=float,
+    env_flag(p, "--soft-time-limit", env="CONVEYOR_SOFT_TIME_LIMIT", default=0.0, kind=seconds,
              help="soft time limit in seconds: SoftTimeLimitExceeded is raised in the task")
     env_flag(p, "--uid", env="CONVEYOR_UID", default=None,
              help="run tasks as this user (name or number; the worker must be root); its "
@@ -81,27 +93,29 @@ def register(commands: argparse._SubParsersAction) -> None:
     env_flag(p, "-n", "--hostname", env="CONVEYOR_HOSTNAME", default=socket.gethostname(),
              help="name of this worker in events and logs")
     env_flag(p, "--heartbeat-interval", env="CONVEYOR_HEARTBEAT_INTERVAL", default=10.0,
-             kind=float, help="seconds between heartbeats (lease renewals, events)")
-    env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=30.0, kind=float,
+             kind=positive_seconds, help="seconds between heartbeats (lease renewals, events)")
+    env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=30.0, kind=seconds,
              help="seconds running tasks get to finish after SIGTERM; match Kubernetes' "
              "terminationGracePeriodSeconds")
     env_flag(p, "--burst", env="CONVEYOR_BURST", default=False, kind=bool,
              help="drain the queues, then exit")
-    env_flag(p, "--metrics-port", env="CONVEYOR_METRICS_PORT", default=0, kind=int,
+    env_flag(p, "--metrics-port", env="CONVEYOR_METRICS_PORT", default=0, kind=port,
              help="serve Prometheus /metrics on this port (0: off)")
     env_flag(p, "--max-deliveries", env="CONVEYOR_MAX_DELIVERIES", default=20,
-             kind=_positive_int, help="deliveries without an outcome (crashes, shutdowns) "
+             kind=positive_int, help="deliveries without an outcome (crashes, shutdowns) "
              "before a message is dead-lettered")
     env_flag(p, "--exit-after-outage", env="CONVEYOR_EXIT_AFTER_OUTAGE", default=0.0,
-             kind=_seconds, help="stop the worker when the broker has been unreachable this "
+             kind=seconds, help="stop the worker when the broker has been unreachable this "
              "many seconds with outcomes waiting to be settled (0: never; ride out any outage)")
-    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", help="log level")
+    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
+             help="log level")
     env_flag(p, "--celery-queues", env="CONVEYOR_CELERY_QUEUES", default=(), kind=_apps,
              help="comma-separated Celery queues to take tasks from (Celery task protocol 2, "
              "JSON); they run as the tasks registered under the same names")
-    env_flag(p, "--celery-broker", env="CONVEYOR_CELERY_BROKER", default="",
+    env_flag(p, "--celery-broker", env="CONVEYOR_CELERY_BROKER", default="", kind=url,
              help="the broker URL the Celery producers publish to (kombu URL)")
     env_flag(p, "--celery-result-backend", env="CONVEYOR_CELERY_RESULT_BACKEND", default="",
+             kind=url,
              help="Celery's Redis result backend: results are written there in Celery's "
              "format (default: Conveyor events only)")
     p.set_defaults(run=run_worker)
@@ -119,7 +133,7 @@ def run_worker(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         queues=tuple(dict.fromkeys(args.queues + (intake.config.queues if intake else ()))),
         concurrency=args.concurrency, apps=args.app,
-        max_memory_per_child=args.max_memory_per_child,
+        memory_limit=args.memory_limit,
         max_tasks_per_child=args.max_tasks_per_child, time_limit=args.time_limit,
         soft_time_limit=args.soft_time_limit, uid=uid, gid=gid,
         hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,

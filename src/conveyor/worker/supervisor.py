@@ -56,7 +56,7 @@ class WorkerConfig:
     queues: tuple[str, ...] = ("default",)
     concurrency: int = 2
     apps: tuple[str, ...] = ()
-    max_memory_per_child: int = 0
+    memory_limit: int = 0
     max_tasks_per_child: int = 1
     time_limit: float = 0.0
     soft_time_limit: float = 0.0
@@ -268,7 +268,7 @@ class Supervisor:
         c = self.config
         task = REGISTRY.get(m.task)
         o = task.options if task else None
-        return (m.memory_limit or (o.memory_limit if o else 0) or c.max_memory_per_child,
+        return (m.memory_limit or (o.memory_limit if o else 0) or c.memory_limit,
                 m.time_limit or (o.time_limit if o else 0) or c.time_limit,
                 m.soft_time_limit or (o.soft_time_limit if o else 0) or c.soft_time_limit)
 
