@@ -163,7 +163,7 @@ def test_a_wrong_config_value_stops_a_daemon_with_one_line(tmp_path: Path) -> No
                           text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr == ("conveyor: conveyor.toml: drain_timeout='soon' is not allowed: "
-                           "must be a number\n")
+                           "must be a number of seconds, 0 or more\n")
 
 
 def test_json_logs_carry_the_task_ids_on_every_task_line(tmp_path: Path, unique: str) -> None:
