@@ -7,6 +7,7 @@ and ignored: a transition keyed on (id, attempt) happens once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -37,6 +38,9 @@ class Event:
     error: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""
     retry_in: float = 0.0
+    #: When the attempt started (wall clock), on outcome events: an outcome applied before
+    #: its `started` event (another scheduler held that one) still records the start.
+    started_at: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
@@ -49,6 +53,7 @@ class Event:
             fields = json.loads(body)
             if fields.pop("v", None) != 1 or fields.get("kind") not in KINDS:
                 raise ValueError(f"not a version-1 event: {str(fields)[:200]}")
-            return cls(**fields)
+            known = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in fields.items() if k in known})
         except (ValueError, TypeError, AttributeError) as exc:
             raise MessageError(f"malformed event: {exc}") from None

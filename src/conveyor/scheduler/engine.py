@@ -144,7 +144,7 @@ class Engine:
         worker_keeps = kind in ("interrupted", "retried") or (
             kind in FAILED and kind != "dead_lettered" and event.retry_in > 0)
         if kind == "succeeded":
-            return self._succeeded(ti, key, now, event.result)
+            return self._succeeded(ti, {**key, **what_is_known(event)}, now, event.result)
         if worker_keeps:          # same attempt, back to queued
             self._note(now + ti["queued_timeout"])
             self.store.exec("ti_requeued", error=describe(event), **key)
@@ -152,10 +152,17 @@ class Engine:
             self._attempt_failed(ti, key, kind, describe(event), now)
         elif kind == "started":
             self._note(now + ti["heartbeat_timeout"])
-            self.store.exec("ti_started", hostname=event.hostname, pid=event.pid, **key)
+            if not self.store.exec("ti_started", hostname=event.hostname, pid=event.pid, **key):
+                self._started_late(event, key)
         elif kind == "heartbeat":
             self.store.exec("ti_heartbeat", **key)
         return []
+
+    def _started_late(self, event: Event, key: dict[str, Any]) -> None:
+        """A `started` that comes after the outcome fills in what the outcome left blank."""
+        known = {**key, **what_is_known(event), "at": event.at}
+        if self.store.exec("ti_started_late", **known):
+            self.store.exec("attempt_started_late", **known)
 
     def _succeeded(self, ti: Row, key: dict[str, Any], now: float, value: Any) -> list[Row]:
         """Success, with the value the task returned kept in the run (for its children,
@@ -293,6 +300,12 @@ class Engine:
 
     def _note(self, deadline: float) -> None:
         self.on_deadline(deadline)
+
+
+def what_is_known(event: Event) -> dict[str, Any]:
+    """Where and when the attempt ran, as far as `event` says (None: it does not say)."""
+    return {"hostname": event.hostname or None, "pid": event.pid or None,
+            "started": event.started_at or None}
 
 
 def retry_delay(attempt: int, spec: Mapping[str, Any]) -> float:

@@ -318,8 +318,10 @@ class Supervisor:
         retry_in = action.delay if action.verb == "retry" else 0.0
         kind = {"killed": "failed", "lost": "failed", "retry_requested": "failed"}.get(
             outcome.kind, outcome.kind)
+        where = {"pid": run.runner.pid} if run.runner is not None else {}
         self._tell(kind, m, queue, duration, result=outcome.result, error=dict(outcome.error),
-                   reason=outcome.reason, retry_in=retry_in)
+                   reason=outcome.reason, retry_in=retry_in, started_at=time.time() - duration,
+                   **where)
         if action.verb == "retry":
             self._tell("retried", m, queue, reason=action.reason, retry_in=retry_in)
         elif action.verb == "dead_letter":

@@ -240,6 +240,20 @@ UPDATE conveyor_task_instances
        deadline = %(now)s + heartbeat_timeout
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
 
+-- name: ti_started_late
+-- A `started` applied after the attempt ended (events applied out of order): it only
+-- fills in what the outcome did not know.
+UPDATE conveyor_task_instances
+   SET started_at = COALESCE(started_at, %(at)s), hostname = COALESCE(hostname, %(hostname)s),
+       pid = COALESCE(pid, %(pid)s)
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state NOT IN ('queued', 'running');
+
+-- name: attempt_started_late
+UPDATE conveyor_attempts
+   SET started_at = COALESCE(started_at, %(at)s), hostname = COALESCE(hostname, %(hostname)s),
+       pid = COALESCE(pid, %(pid)s)
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
+
 -- name: ti_heartbeat
 UPDATE conveyor_task_instances
    SET state = 'running', heartbeat_at = %(now)s, started_at = COALESCE(started_at, %(at)s),
@@ -255,7 +269,8 @@ UPDATE conveyor_task_instances
 -- name: ti_succeeded
 UPDATE conveyor_task_instances
    SET state = 'success', ended_at = %(at)s, error = NULL, deadline = NULL, result = %(result)s,
-       started_at = COALESCE(started_at, %(at)s)
+       started_at = COALESCE(started_at, %(started)s),
+       hostname = COALESCE(hostname, %(hostname)s), pid = COALESCE(pid, %(pid)s)
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
 
 -- name: ti_up_for_retry

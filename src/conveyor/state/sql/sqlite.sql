@@ -234,6 +234,20 @@ UPDATE conveyor_task_instances
        deadline = :now + heartbeat_timeout
  WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
 
+-- name: ti_started_late
+-- A `started` applied after the attempt ended (events applied out of order): it only
+-- fills in what the outcome did not know.
+UPDATE conveyor_task_instances
+   SET started_at = COALESCE(started_at, :at), hostname = COALESCE(hostname, :hostname),
+       pid = COALESCE(pid, :pid)
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state NOT IN ('queued', 'running');
+
+-- name: attempt_started_late
+UPDATE conveyor_attempts
+   SET started_at = COALESCE(started_at, :at), hostname = COALESCE(hostname, :hostname),
+       pid = COALESCE(pid, :pid)
+ WHERE ti_id = :ti_id AND attempt = :attempt;
+
 -- name: ti_heartbeat
 UPDATE conveyor_task_instances
    SET state = 'running', heartbeat_at = :now, started_at = COALESCE(started_at, :at),
@@ -249,7 +263,8 @@ UPDATE conveyor_task_instances
 -- name: ti_succeeded
 UPDATE conveyor_task_instances
    SET state = 'success', ended_at = :at, error = NULL, deadline = NULL, result = :result,
-       started_at = COALESCE(started_at, :at)
+       started_at = COALESCE(started_at, :started),
+       hostname = COALESCE(hostname, :hostname), pid = COALESCE(pid, :pid)
  WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
 
 -- name: ti_up_for_retry
