@@ -22,7 +22,7 @@ from conveyor.broker import Depth
 from conveyor.broker.redis import WAIT_CAP, RedisBroker, parse_url
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
 from tests.conftest import REDIS_URL, opened_brokers, require_service
-from tests.support import first
+from tests.support import first, wait_for
 
 HOST, PORT = "127.0.0.1", 6379
 MakeBroker = Callable[..., RedisBroker]
@@ -379,10 +379,12 @@ def test_extend_lease_after_the_message_was_settled_raises_lease_lost(
 def test_depth_counts_due_delayed_messages_as_ready(make_broker: MakeBroker,
                                                     queue: str) -> None:
     broker = make_broker()
-    broker.publish(queue, b"later", delay=0.3)
+    broker.publish(queue, b"much later", delay=3600)  # not due for the whole test
     assert broker.depth(queue) == Depth(0, 0, 1, 0)
-    time.sleep(0.4)
-    assert broker.depth(queue) == Depth(1, 0, 0, 0)  # no claim has moved it yet
+    broker.publish(queue, b"soon", delay=0.2)
+    # Due after 0.2 s however slow the machine: wait for that, not for a fixed sleep.
+    wait_for(lambda: broker.depth(queue) == Depth(1, 0, 1, 0), timeout=30,
+             what="the due message to count as ready", detail=lambda: str(broker.depth(queue)))
 
 
 # -- keys and options --------------------------------------------------------------------
