@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +109,27 @@ def test_bad_configuration_stops_with_one_readable_line(env: dict[str, str]) -> 
     assert missing.returncode == 2 and "no DAG 'nope'" in missing.stderr
     unknown = conveyor("runs", "show", "NOPE", env=env, check=False)
     assert unknown.returncode == 2 and "no run 'NOPE' in the state store" in unknown.stderr
+
+
+def test_a_dag_file_that_blocks_at_import_is_stopped_and_the_others_load(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    (folder / "revenue_dag.py").write_text((DAGS / "revenue_dag.py").read_text())
+    (folder / "slow.py").write_text("import time\n\ntime.sleep(120)\n")
+    (folder / "spin.py").write_text("while True:\n    try:\n        pass\n"
+                                    "    except Exception:\n        pass\n")
+    env.update(CONVEYOR_DAGS_FOLDER="dags", CONVEYOR_DAG_IMPORT_TIMEOUT="1")
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "conveyor.cli", "dags", "list", "--json"], cwd=tmp_path,
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+    assert listed.returncode == 1
+    doc = json.loads(listed.stdout)
+    assert [d["dag_id"] for d in doc["dags"]] == ["revenue"]
+    assert doc["dags"][0]["file"] == str(folder / "revenue_dag.py")   # absolute paths
+    errors = {Path(e["file"]).name: e for e in doc["errors"]}
+    assert errors["slow.py"]["file"] == str(folder / "slow.py") and errors["slow.py"]["line"] == 3
+    assert "took longer than 1 s" in errors["slow.py"]["error"]
+    assert errors["spin.py"]["line"] in (1, 2, 3, 4, 5)
+    assert "Traceback" not in listed.stderr

@@ -82,4 +82,5 @@ def run_scheduler(args: argparse.Namespace) -> int:
 
 def load(config: SchedulerConfig) -> Loaded:
     """The DAGs of the configured folder, checked against the configured executors."""
-    return load_folder(config.dags_folder, config.executors)
+    return load_folder(config.dags_folder, config.executors,
+                       import_timeout=config.dag_import_timeout)

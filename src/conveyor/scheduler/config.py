@@ -14,13 +14,16 @@ from typing import Any
 from conveyor.config import Settings
 from conveyor.errors import ConfigError
 from conveyor.scheduler.engine import EVENTS_QUEUE, PUBLISH_GRACE
+from conveyor.scheduler.loader import IMPORT_TIMEOUT
 
 EXECUTORS = ("queue", "local", "kubernetes")
 CONTROL_QUEUE = "conveyor.scheduler.control"
 #: setting -> the environment variable that sets it
 ENV_VARS = {"dags_folder": "CONVEYOR_DAGS_FOLDER", "executors": "CONVEYOR_EXECUTORS",
             "events_queue": "CONVEYOR_EVENTS_QUEUE",
-            "event_lease": "CONVEYOR_SCHEDULER_EVENT_LEASE", "local_slots": "CONVEYOR_LOCAL_SLOTS",
+            "event_lease": "CONVEYOR_SCHEDULER_EVENT_LEASE",
+            "dag_import_timeout": "CONVEYOR_DAG_IMPORT_TIMEOUT",
+            "local_slots": "CONVEYOR_LOCAL_SLOTS",
             "kubernetes_namespace": "CONVEYOR_KUBERNETES_NAMESPACE",
             "kubernetes_image": "CONVEYOR_KUBERNETES_IMAGE",
             "kubernetes_pending_timeout": "CONVEYOR_KUBERNETES_PENDING_TIMEOUT"}
@@ -39,6 +42,8 @@ class SchedulerConfig:
     #: Seconds a claimed event stays ours: renewed while we live, so a killed scheduler's
     #: claimed events go to another one this soon (the broker default is 60 s).
     event_lease: float = 5.0
+    #: Seconds one DAG file may take to import before it is stopped (0: no limit).
+    dag_import_timeout: float = IMPORT_TIMEOUT
     local_slots: int = 4
     kubernetes_namespace: str = "default"
     kubernetes_image: str = ""
@@ -70,7 +75,8 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
     out = dict(values)
     if isinstance(out.get("executors"), str):
         out["executors"] = tuple(e.strip() for e in out["executors"].split(",") if e.strip())
-    for name, kind in (("publish_grace", float), ("event_lease", float), ("local_slots", int),
+    for name, kind in (("publish_grace", float), ("event_lease", float),
+                       ("dag_import_timeout", float), ("local_slots", int),
                        ("kubernetes_pending_timeout", float)):
         if isinstance(out.get(name), str):
             try:
