@@ -10,7 +10,10 @@ login at the first connect may stop them with the login message.
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -209,3 +212,22 @@ def test_a_wrong_password_stops_at_the_first_connect_with_the_login_message() ->
     with pytest.raises(BrokerError, match="refused the login .* check the user, password"):
         RabbitMQBroker(RABBITMQ_URL.replace("guest:guest@", "guest:wrong@", 1))
     assert time.monotonic() - started < 10
+
+
+def test_a_worker_facing_an_unreachable_rabbitmq_says_one_line_per_attempt() -> None:
+    """Issue 14: it used to print ~170 lines with 13 pika tracebacks before the clear line."""
+    port = socket.create_server(("127.0.0.1", 0))
+    url = f"amqp://guest:guest@127.0.0.1:{port.getsockname()[1]}/%2F?retry_seconds=2"
+    port.close()  # nothing listens there now
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", "worker", "-b", url,
+                           "-Q", "x", "-c", "1"], capture_output=True, text=True, timeout=60,
+                          env=env)
+    lines = done.stderr.splitlines() + done.stdout.splitlines()
+    attempts = [line for line in lines if "attempt" in line and "reconnecting in" in line]
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "pika" not in done.stderr.replace(
+        "pika.", ""), done.stderr
+    assert lines[-1].startswith("conveyor: connecting: RabbitMQ at") and \
+        "stayed unreachable for 2.0 s" in lines[-1] and "ConnectionRefusedError" in lines[-1]
+    assert len(lines) <= len(attempts) + 4, lines  # start-up lines, attempts, the error

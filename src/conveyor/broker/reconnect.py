@@ -54,6 +54,8 @@ def one_line(exc: BaseException | None) -> str:
     if exc is None:
         return "no error"
     text = str(exc).strip().splitlines()
+    if not text and exc.args:  # pika's connection errors wrap the cause and print nothing
+        text = (str(exc.args[0]).strip() or repr(exc.args[0])).splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
