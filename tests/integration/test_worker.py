@@ -225,6 +225,7 @@ def test_drain_timeout_requeues_without_spending_retries(broker: Broker, sqlite_
     out = finish(worker, timeout=30)
     assert worker.returncode == 0, out
     assert "interrupted" in [e.kind for e in events(broker, q + "-r")], out
+    assert "killed and requeued: the drain timeout (1 s) passed" in out, out
     assert broker.depth(q) == Depth(1, 0, 0, 0)
     [delivery] = [d for d in [next(broker.consume([q], timeout=1))] if d]
     assert Codec().decode(delivery.body).attempt == 1 and delivery.delivery_count == 2
@@ -241,6 +242,8 @@ def test_second_signal_is_a_cold_shutdown(broker: Broker, sqlite_url: str, q: st
     out = finish(worker, timeout=30)
     assert time.monotonic() - started < 10, out
     assert broker.depth(q).ready == 1
+    assert "killed and requeued: cold stop: a second stop signal" in out, out
+    assert "drain timeout" not in out.split("cold shutdown")[-1], out
 
 
 def test_what_a_task_leaves_behind_is_killed(broker: Broker, sqlite_url: str, q: str,

@@ -385,10 +385,12 @@ class Supervisor:
                 self._tell("heartbeat", run.message, run.delivery.queue)
 
     def _interrupt_all(self) -> None:
+        why = ("cold stop: a second stop signal came while draining" if self.cold else
+               f"the drain timeout ({self.config.drain_timeout:g} s) passed")
         for run in self.running:
             if not run.interrupted:
                 run.interrupted = True
-                log.warning("%s interrupted: drain timeout passed", run.log_label)
+                log.warning("%s killed and requeued: %s", run.log_label, why)
                 self._kill(run)
 
     def _install_signal_handlers(self) -> None:
