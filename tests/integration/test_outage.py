@@ -1,7 +1,8 @@
 """A broker restarted under a running `conveyor worker` and a publisher (issue 21).
 
 Each test starts a PRIVATE server (never the shared ones other tests use): Redis with
-`--appendonly yes` on a free port, a PostgreSQL cluster made with initdb in a temp dir. It
+`--appendonly yes` on a free port, a PostgreSQL cluster made with initdb in a temp dir, a
+RabbitMQ node with its own name, ports and data dir. It
 stops that server for longer than the worker's (shrunk) `retry_seconds`, so every pending
 settle runs out of retries, then starts it again, and checks: nothing lost, every duplicate
 one that was in flight at the stop, the worker's pid unchanged, consuming again within the
@@ -27,13 +28,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pika
 import pytest
 
 from conveyor.broker import from_url
 from conveyor.broker.reconnect import BACKOFF_CAP, JITTER
 from conveyor.client import Client
-from tests.conftest import RABBITMQ_URL, require_service
 from tests.integration.workerkit import finish, start_worker, stop, task_message, worker_env
 
 OUTAGE = 120.0 if os.environ.get("CONVEYOR_LONG_OUTAGE") == "1" else 12.0
@@ -133,76 +132,43 @@ def private_postgres() -> Iterator[PrivateServer]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-class CutRelay:
-    """A TCP relay to the shared RabbitMQ that a test can cut (every connection dropped, new
-    ones refused) and restore on the same port: a RabbitMQ outage without touching the
-    server other tests use. (A private RabbitMQ node takes a minute and an Erlang cookie to
-    boot here; the relay shows the client side of an outage, which is what is tested.)"""
-
-    def __init__(self, upstream: int = 5672) -> None:
-        self.upstream, self.port = upstream, 0
-        self._listener: socket.socket | None = None
-        self._live: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self.restore()
-
-    def restore(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
-
-    def cut(self) -> None:
-        with self._lock:
-            doomed = [s for s in [self._listener, *self._live] if s is not None]
-            self._listener, self._live = None, []
-        for sock in doomed:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:
-                return
-            with self._lock:
-                self._live += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
-
-
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 
 
 @pytest.fixture
-def rabbitmq_relay(unique: str) -> Iterator[PrivateServer]:
-    require_service("rabbitmq")
-    relay = CutRelay()
-    yield PrivateServer(f"amqp://guest:guest@127.0.0.1:{relay.port}/%2F", relay.port,
-                        relay.restore, relay.cut)
-    relay.cut()
-    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+def private_rabbitmq(unique: str) -> Iterator[PrivateServer]:
+    """A RabbitMQ node of this test's own: its own node name, ports, data and logs in a temp
+    dir, no plugins (the shared node holds the management port); stopped and started with
+    `rabbitmqctl -n <node>`, which never touches the shared node."""
+    if not (RABBITMQ_BIN / "rabbitmq-server").exists():
+        pytest.skip("RabbitMQ server scripts (/usr/lib/rabbitmq/bin) are not installed here")
+    home = Path(tempfile.mkdtemp(prefix="conveyor-rabbit-"))
+    (home / "plugins").write_text("[].\n")
+    port, node, procs = free_port(), f"conveyor-{unique}@localhost", []
+    env = {**os.environ, "HOME": str(home), "RABBITMQ_NODENAME": node,
+           "RABBITMQ_NODE_PORT": str(port), "RABBITMQ_DIST_PORT": str(free_port()),
+           "RABBITMQ_MNESIA_BASE": str(home / "mnesia"), "RABBITMQ_LOG_BASE": str(home / "log"),
+           "RABBITMQ_ENABLED_PLUGINS_FILE": str(home / "plugins"),
+           "RABBITMQ_CONFIG_FILE": str(home / "rabbitmq"), "RABBITMQ_PID_FILE": str(home / "pid")}
+
+    def start() -> None:
+        with open(home / "server.out", "a") as out:
+            procs.append(subprocess.Popen([str(RABBITMQ_BIN / "rabbitmq-server")], env=env,
+                                          stdout=out, stderr=subprocess.STDOUT))
+        wait_for(lambda: accepts(port), 60, "the private RabbitMQ node")
+
+    def stop_it() -> None:
+        subprocess.run([str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node, "stop"], env=env,
+                       capture_output=True, timeout=60)
+        procs.pop().wait(timeout=60)
+
     try:
-        channel = connection.channel()
-        for member in (f"q-{unique}", f"q-{unique}.dead"):
-            channel.queue_delete(member)
+        start()
+        yield PrivateServer(f"amqp://guest:guest@127.0.0.1:{port}/%2F", port, start, stop_it)
     finally:
-        connection.close()
+        while procs:
+            stop_it()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def with_options(url: str, **options: object) -> str:
@@ -312,12 +278,12 @@ def test_a_worker_and_a_publisher_ride_out_a_postgres_restart(
 
 
 @pytest.mark.timeout(600 if OUTAGE > 60 else 120)
-def test_a_worker_and_a_publisher_ride_out_a_rabbitmq_outage(
-        rabbitmq_relay: PrivateServer, unique: str, tmp_path: Path) -> None:
+def test_a_worker_and_a_publisher_ride_out_a_rabbitmq_node_restart(
+        private_rabbitmq: PrivateServer, unique: str, tmp_path: Path) -> None:
     queue = f"q-{unique}"
-    worker_url = with_options(rabbitmq_relay.url, retry_seconds=WORKER_RETRY_SECONDS)
-    publisher_url = with_options(rabbitmq_relay.url, retry_seconds=OUTAGE + 60)
-    ride_out(rabbitmq_relay, worker_url, publisher_url, queue, tmp_path)
+    worker_url = with_options(private_rabbitmq.url, retry_seconds=WORKER_RETRY_SECONDS)
+    publisher_url = with_options(private_rabbitmq.url, retry_seconds=OUTAGE + 60)
+    ride_out(private_rabbitmq, worker_url, publisher_url, queue, tmp_path)
 
 
 def test_exit_after_outage_stops_the_worker_when_the_operator_asks(
