@@ -66,6 +66,10 @@ CASES: list[tuple[list[str], dict[str, str], list[str]]] = [
     (["config", "show", "worker", "-c", "0"], {}, ["--concurrency", "1 or more"]),
     (["demo", "--count", "0"], {}, ["--count", "1 or more"]),
     (["no-such-command"], {}, ["invalid choice", "'no-such-command'"]),
+    (["status", "-b", "kombu+nope://x"], {}, ["kombu has no transport 'nope'"]),
+    # runtime: a state store that refuses the connection (libpq's message has two lines)
+    (["status", "--state", "postgresql://postgres@127.0.0.1:1/x"], {},
+     ["cannot reach the state store", "Is the server running"]),
 ]
 
 

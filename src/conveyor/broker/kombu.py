@@ -237,7 +237,13 @@ class KombuBroker(Broker):
         self._live: set[Receipt] = set()  # deliveries handed out and not settled
         self._loop: object | None = None  # the consume loop now running
         self._closed = False
-        probe = kombu.Connection(self.settings.url)  # never connected: names the error types
+        try:
+            probe = kombu.Connection(self.settings.url)  # never connected: names the errors
+            #   (and resolves the transport: an unknown one is a KeyError)
+        except KeyError as exc:   # kombu's "No such transport: nope"
+            raise ConfigError(f"broker URL {self.settings.where!r}: kombu has no transport "
+                              f"{exc.args[0].rsplit(': ', 1)[-1]!r}; e.g. kombu+redis://, "
+                              "kombu+amqp://, kombu+sqs://") from None
         #: What a reconnect may fix; channel errors (a refused declare) it would not.
         self._errors: tuple[type[BaseException], ...] = (
             *probe.recoverable_connection_errors, OperationalError, ConnectionError, OSError)

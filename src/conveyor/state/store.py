@@ -158,8 +158,8 @@ class PostgresStore(Store):
         try:
             self._db = psycopg.connect(conninfo, autocommit=True, row_factory=dict_row)
         except psycopg.OperationalError as exc:
-            raise ConfigError(f"cannot reach the state store {redact(url)}: "
-                              f"{str(exc).strip()}") from None
+            raise ConfigError(f"cannot reach the state store {redact(url)}: "   # one line:
+                              f"{' '.join(str(exc).split())}") from None   # psycopg's has two
         self._transaction: Any = None
         self._listening: set[str] = set()
         if self.schema:
