@@ -120,6 +120,10 @@ def probe(supervisor: int, sibling_marker: str = "") -> dict[str, object]:
     deadline = time.monotonic() + 20
     while sibling_marker and not Path(sibling_marker).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    # The lanes fork their warm (idle) runners in the background: on a loaded machine the
+    # probe can start before any exists, and then reports only the running sibling.
+    while _runners(supervisor) < (2 if sibling_marker else 1) and time.monotonic() < deadline:
+        time.sleep(0.05)
     results: dict[str, dict[str, list[str]]] = {}
     for pid, role in sorted(_roles(supervisor).items()):
         for check, outcome in _probe(pid).items():
@@ -130,6 +134,11 @@ def probe(supervisor: int, sibling_marker: str = "") -> dict[str, object]:
         Path(sibling_marker + ".done").write_text("")  # the sibling may go now
     return {"uid": os.getuid(), "roles": results, "cgroup_cap": _own_cgroup_cap(),
             "rlimit_cap": _own_rlimit_cap()}
+
+
+def _runners(supervisor: int) -> int:
+    """Runners of the worker other than this one (the sleeping sibling, idle ones)."""
+    return sum(role == "runner" for role in _roles(supervisor).values())
 
 
 @task(name="iso.sleep")
