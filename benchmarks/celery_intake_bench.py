@@ -4,29 +4,38 @@
 usage (from the project root, after ../shared/peers/setup.sh and
 `/tmp/peers-venv/bin/pip install -e .`):
 
-    PYTHONPATH=benchmarks /tmp/peers-venv/bin/python benchmarks/celery_intake_bench.py \
+    BENCH_COUNTER_URL=redis://127.0.0.1:6379/13 PYTHONPATH=benchmarks \
+        /tmp/peers-venv/bin/python benchmarks/celery_intake_bench.py \
         [--brokers redis,rabbitmq] [--n 5000] [--runs 3] [--reuse] [--native]
 
 For each broker it runs the peers harness (../shared/peers/bench.py, method in its README)
-on each configuration, back to back: `celery-<broker>` (Celery's prefork worker, 2
-processes) and this module as a spec (`module:celery_intake_bench:<broker>`): the same
-Celery producer (`p_celery`, `noop.delay()` onto Celery's queue `celery`), drained by
-`conveyor worker -c 2 --celery-queues=celery`, whose intake moves each message to
+on each configuration, back to back: Celery's prefork worker, 2 processes
+(`module:celery_intake_bench:celery-<broker>`, the peers' `celery-<broker>` on a queue of
+its own) and the intake (`module:celery_intake_bench:<broker>`): the same Celery producer
+(`p_celery`'s `noop` onto Celery's queue `intake-bench`), drained by
+`conveyor worker -c 2 --celery-queues=intake-bench`, whose intake moves each message to
 Conveyor's own broker (the native transport of the same kind) where the supervisor runs it
 in an isolated runner. It prints both drain rates and their ratio. `--reuse` adds a variant
 with `--max-tasks-per-child=100` (Celery's prefork reuses its processes; Conveyor's default
 is a fresh runner per task); `--native` adds Conveyor's own producer and worker on the same
 broker (benchmarks/p_conveyor.py), to show what the intake itself costs.
 
-Measured on the 2-core development machine (shared with other work; figures vary by
-±30 % between runs, the ratios less), 5,000 tasks, median of 3 runs:
+Measured on the 2-core development machine shared with other work (load 2-7), 2,000 tasks,
+one run each, BENCH_COUNTER_URL=redis://127.0.0.1:6379/13, after the feed moved to batches:
 
-| variant | Celery prefork | intake | ratio | native Conveyor (1 run, 2,000) |
-|---|---|---|---|---|
-| Redis, fresh runner per task | 302/s | 56/s | 0.19 | 64/s |
-| Redis, --max-tasks-per-child=100 | 302/s | 218/s | 0.72 | 494/s |
-| RabbitMQ, fresh runner per task | 601/s | 52/s | 0.09 | 48/s |
-| RabbitMQ, --max-tasks-per-child=100 | 601/s | 201/s | 0.33 | 332/s |
+| variant | Celery prefork | intake | ratio |
+|---|---|---|---|
+| Redis, fresh runner per task | 502/s | 69/s | 0.14 |
+| Redis, --max-tasks-per-child=100 | 502/s | 567/s | 1.13 |
+| RabbitMQ, fresh runner per task | 475/s | (worker crashed in pool.release) | - |
+| RabbitMQ, --max-tasks-per-child=100 | 475/s | 193/s | 0.41 |
+
+The feed alone (no supervisor: `Feed`/`RedisFeed` moving 3,000 messages) now moves about
+1,300/s from RabbitMQ and 1,500-1,800/s from Redis (before batching: 300-650/s), so the
+intake is no longer the limit: with a fresh runner per task the runner's cost is (the
+worker's issue 16 work), on RabbitMQ the supervisor's claim and settle round trips on
+Conveyor's RabbitMQ queue are (py-spy: 80 % of the supervisor thread waits in them while
+the feed thread idles).
 
 As a spec module (`Spec(variant)`, variant `redis|rabbitmq[-reuseN]`) it registers Conveyor
 tasks `noop` and `lat` under Celery's task names; they record completion through the peers'
@@ -57,7 +66,9 @@ CELERY_URLS = {"redis": "redis://127.0.0.1:6379/0",
                "rabbitmq": "amqp://guest:guest@127.0.0.1:5672//"}
 CONVEYOR_URLS = {"redis": "redis://127.0.0.1:6379/0?prefix=conveyor-intake-bench",
                  "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F"}
-INTAKE_QUEUE = "celery.celery"
+#: The Celery queue of both sides of the comparison (see `Spec`).
+QUEUE = "intake-bench"
+INTAKE_QUEUE = f"celery.{QUEUE}"
 
 
 try:  # the peers' instrumentation: on the path in the harness and its workers, not in main()
@@ -77,10 +88,17 @@ def lat(t_enq: float) -> None:
 
 
 class Spec:
-    """The peers harness's view of the intake (see ../shared/peers/README.md)."""
+    """The peers harness's view of the intake (see ../shared/peers/README.md).
+
+    Variants: `redis|rabbitmq[-reuseN]` (the intake) and `celery-redis|celery-rabbitmq`
+    (Celery's prefork worker, as the peers' `celery-<broker>`). Both use the Celery queue
+    `QUEUE`, not `celery`, so a peers run of someone else on the same servers cannot mix
+    with this one (set BENCH_COUNTER_URL to a Redis db of your own for the same reason).
+    """
 
     def __init__(self, variant: str) -> None:
-        kind, _, reuse = variant.partition("-reuse")
+        self.celery_worker = variant.startswith("celery-")
+        kind, _, reuse = variant.removeprefix("celery-").partition("-reuse")
         self.kind = kind if kind in CELERY_URLS else "redis"
         self.reuse = int(reuse) if reuse else 1
         os.environ["BENCH_BROKER"] = self.kind  # p_celery picks its broker from it
@@ -90,24 +108,34 @@ class Spec:
         self.counter_url = common.COUNTER_URL
 
     def setup(self) -> None:
-        self.celery.Spec("prefork-c2").purge()
+        self._purge_celery()
+
+    def _purge_celery(self) -> None:
+        with self.celery.app.connection_for_write() as conn:
+            try:
+                conn.default_channel.queue_purge(QUEUE)
+            except Exception as exc:  # noqa: BLE001 - the queue may not exist yet
+                print("purge:", exc)
 
     def purge(self) -> None:
         from conveyor.broker import from_url
-        self.celery.Spec("prefork-c2").purge()
+        self._purge_celery()
         with from_url(CONVEYOR_URLS[self.kind]) as broker:
             broker.purge(INTAKE_QUEUE)
 
     def enqueue_noop(self, n: int) -> None:
         for _ in range(n):
-            self.celery.noop.delay()
+            self.celery.noop.apply_async(queue=QUEUE)
 
     def enqueue_lat(self, t: float) -> None:
-        self.celery.lat.delay(t)
+        self.celery.lat.apply_async((t,), queue=QUEUE)
 
     def worker_cmds(self) -> list[list[str]]:
+        if self.celery_worker:  # as the peers' celery-<broker>, on QUEUE
+            return [["celery", "-A", "p_celery", "worker", "--pool=prefork", "--concurrency=2",
+                     "--loglevel=WARNING", "-Q", QUEUE, "-n", f"intake-bench-{self.kind}@%h"]]
         return [["conveyor", "worker", "-A", "celery_intake_bench", "-c", "2",
-                 "--celery-queues=celery", f"--celery-broker={CELERY_URLS[self.kind]}",
+                 f"--celery-queues={QUEUE}", f"--celery-broker={CELERY_URLS[self.kind]}",
                  f"--max-tasks-per-child={self.reuse}", "--log-level=WARNING"]]
 
 
@@ -140,7 +168,8 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for kind in args.brokers.split(","):
-        celery = median_rate(run_config(f"celery-{kind}", args.n, args.runs))
+        celery = median_rate(run_config(f"module:celery_intake_bench:celery-{kind}", args.n,
+                                        args.runs))
         for variant in [kind] + ([f"{kind}-reuse100"] if args.reuse else []):
             intake = median_rate(run_config(f"module:celery_intake_bench:{variant}", args.n,
                                             args.runs))
