@@ -14,6 +14,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from conveyor.cli import operations
 from conveyor.cli.output import json_argument, table
 from conveyor.cli.runs import DONE, show_run
 from conveyor.config import checked, non_negative_int, seconds, size
@@ -51,6 +52,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     _wait_flags(trig)
     common_flags(trig)
     trig.set_defaults(run=run_dags_trigger)
+    operations.register_dags(dags)
     _register_submit(commands)
 
 
@@ -100,7 +102,7 @@ def run_dags_list(args: argparse.Namespace) -> int:
         print(json.dumps({"dags": rows, "errors": errors}, indent=2))
     else:
         print(table(rows, ["dag_id", "schedule", "tasks", "version", "next_run", "last_run",
-                           "last_state", "file"]))
+                           "last_state", "paused", "file"]))
         for error in loaded.errors:
             print(f"error: {error}", file=sys.stderr)
     return 1 if errors else 0
@@ -111,7 +113,8 @@ def _dag_row(dag: DAG, known: dict[str, Any] | None, last: dict[str, Any] | None
             "version": dag.version, "file": dag.file,
             "next_run": iso(known["next_tick"]) if known and known["next_tick"] else "",
             "last_run": last["run_id"] if last else "",
-            "last_state": last["state"] if last else ""}
+            "last_state": last["state"] if last else "",
+            "paused": bool(known and known.get("paused"))}
 
 
 def run_dags_trigger(args: argparse.Namespace) -> int:

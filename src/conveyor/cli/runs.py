@@ -12,6 +12,7 @@ import argparse
 import json
 from typing import Any
 
+from conveyor.cli import operations
 from conveyor.cli.connections import connection_flags, opened_store
 from conveyor.cli.output import output, table
 from conveyor.config import checked, positive_int
@@ -47,6 +48,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     show.add_argument("task_id", help="task id within the run's DAG")
     connection_flags(show)
     show.set_defaults(run=run_tasks_show)
+    operations.register_tasks(tasks)
 
 
 def run_runs_show(args: argparse.Namespace) -> int:

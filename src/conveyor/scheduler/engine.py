@@ -229,7 +229,7 @@ class Engine:
             following = cron.next_tick(dag.schedule, now, dag.timezone)
             with self.store.transaction():
                 if self.store.exec("advance_tick", dag_id=dag.dag_id, next_tick=following,
-                                   expected=row["next_tick"]):
+                                   expected=row["next_tick"]) and not row.get("paused"):
                     create_run(self.store, dag, now, executors=list(self.executors),
                                logical_date=logical, run_type="scheduled")
 
@@ -241,12 +241,19 @@ class Engine:
                                           publish_grace=self.publish_grace)
                 ready = claimed
                 if claim == "start_queued_runs":   # a started run dispatches its roots
-                    ready = [ti for run in claimed for ti in self.store.rows(
-                        "dispatch_ready", run_id=run["run_id"], now=now,
-                        publish_grace=self.publish_grace)]
+                    ready = [ti for run in claimed for ti in self._start(run["run_id"], now)]
             self._dispatch(ready, now)
             if len(claimed) < BATCH:
                 return
+
+    def _start(self, run_id: str, now: float) -> list[Row]:
+        """The task instances a run just started can dispatch; a run with none and nothing
+        unfinished (one reopened by `tasks mark`) ends here."""
+        ready = self.store.rows("dispatch_ready", run_id=run_id, now=now,
+                                publish_grace=self.publish_grace)
+        if not ready:
+            self._finish(run_id, now)
+        return ready
 
     def _expire(self, due: Row, now: float) -> None:
         """A queued or running task instance whose deadline passed (checked again under the

@@ -164,6 +164,7 @@ SELECT run_id FROM conveyor_runs WHERE run_id = :run_id;
 -- name: start_queued_runs
 UPDATE conveyor_runs SET state = 'running', started_at = :now
  WHERE run_id IN (SELECT run_id FROM conveyor_runs WHERE state = 'queued'
+                     AND dag_id NOT IN (SELECT dag_id FROM conveyor_dags WHERE paused = 1)
                    ORDER BY logical_date LIMIT :limit)
 RETURNING run_id;
 
@@ -394,3 +395,71 @@ ALTER TABLE conveyor_attempts ADD COLUMN result TEXT;
 SELECT p.task_id, p.result FROM conveyor_edges e
   JOIN conveyor_task_instances p ON p.run_id = e.run_id AND p.task_id = e.upstream
  WHERE e.run_id = :run_id AND e.downstream = :task_id AND p.state = 'success';
+
+-- name: migration_0006
+-- Operations on DAGs and runs: a paused DAG starts no runs; `tries` keeps a task's attempt
+-- budget, so a cleared task instance gets a whole new budget after the attempts it used.
+ALTER TABLE conveyor_dags ADD COLUMN paused INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE conveyor_task_instances ADD COLUMN tries INTEGER;
+
+-- name: set_paused
+UPDATE conveyor_dags SET paused = :paused WHERE dag_id = :dag_id;
+
+-- name: dag_row
+SELECT * FROM conveyor_dags WHERE dag_id = :dag_id;
+
+-- name: task_and_below
+-- A task instance and every task downstream of it in its run, in DAG order.
+WITH RECURSIVE below (task_id) AS (
+    SELECT :task_id
+    UNION
+    SELECT e.downstream FROM conveyor_edges e JOIN below b ON e.upstream = b.task_id
+     WHERE e.run_id = :run_id
+)
+SELECT * FROM conveyor_task_instances
+ WHERE run_id = :run_id AND task_id IN (SELECT task_id FROM below) ORDER BY position;
+
+-- name: ti_clear
+-- Back to pending with a fresh attempt budget (attempt numbers keep counting up).
+UPDATE conveyor_task_instances
+   SET state = 'pending', tries = COALESCE(tries, max_attempts),
+       max_attempts = attempt + COALESCE(tries, max_attempts), queued_at = NULL,
+       published_at = NULL, started_at = NULL, ended_at = NULL, heartbeat_at = NULL,
+       deadline = NULL, next_retry_at = NULL, hostname = NULL, pid = NULL, error = NULL,
+       result = NULL
+ WHERE ti_id = :ti_id AND state NOT IN ('queued', 'running');
+
+-- name: ti_mark
+-- Set by hand: the attempt in flight, if any, is ignored when its outcome arrives.
+UPDATE conveyor_task_instances
+   SET state = :state, ended_at = :now, deadline = NULL, next_retry_at = NULL,
+       error = :error
+ WHERE ti_id = :ti_id;
+
+-- name: reblock_pending
+-- Pending tasks below a failed one are upstream_failed (repeat until nothing changes).
+UPDATE conveyor_task_instances AS t SET state = 'upstream_failed', ended_at = :now
+ WHERE t.run_id = :run_id AND t.state = 'pending'
+   AND EXISTS (SELECT 1 FROM conveyor_edges e
+                 JOIN conveyor_task_instances p
+                   ON p.run_id = e.run_id AND p.task_id = e.upstream
+                WHERE e.run_id = t.run_id AND e.downstream = t.task_id
+                  AND p.state IN ('failed', 'upstream_failed'));
+
+-- name: reopen_run
+-- A run whose tasks were cleared or marked goes back to queued: the next scheduler tick
+-- starts it, dispatches what is ready, and ends it if nothing is left to do.
+UPDATE conveyor_runs SET state = 'queued', ended_at = NULL WHERE run_id = :run_id;
+
+-- name: unblock_below
+-- Tasks held back only by a failure above a task marked success may run again.
+WITH RECURSIVE below (task_id) AS (
+    SELECT e.downstream FROM conveyor_edges e
+     WHERE e.run_id = :run_id AND e.upstream = :task_id
+    UNION
+    SELECT e.downstream FROM conveyor_edges e JOIN below b ON e.upstream = b.task_id
+     WHERE e.run_id = :run_id
+)
+UPDATE conveyor_task_instances SET state = 'pending', ended_at = NULL
+ WHERE run_id = :run_id AND state = 'upstream_failed'
+   AND task_id IN (SELECT task_id FROM below);

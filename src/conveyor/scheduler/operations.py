@@ -1,0 +1,95 @@
+"""Operations people run on DAGs and runs: pause, clear, mark.
+
+Each is one transaction on the state store with the run's row locked, so it never races an
+event a scheduler is applying. None talks to executors: a changed run goes back to `queued`
+and the next scheduler tick starts it (dispatching what became ready, ending it if nothing
+is left), the same path a new run takes. The caller pokes the schedulers.
+
+* pause / unpause: a paused DAG's queued runs wait and its cron ticks pass without a run;
+  what is already running finishes.
+* clear: a task instance and (unless asked otherwise) everything downstream of it go back to
+  pending, each with a fresh attempt budget, and run again (Airflow's "clear").
+* mark: set a task instance's state by hand (success or failed). An attempt still in flight
+  is ignored when it reports. Success lets the tasks below it run (those upstream_failed
+  only because of it too); failed marks the pending tasks below it upstream_failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conveyor.scheduler import cron
+from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.errors import RunError
+from conveyor.state.store import Row, Store
+
+MARKABLE = ("success", "failed")
+
+
+def set_paused(store: Store, dag: DAG, paused: bool, now: float) -> None:
+    """Pause or unpause `dag` (recorded even if no scheduler has seen the DAG yet)."""
+    with store.transaction():
+        first = cron.next_tick(dag.schedule, now, dag.timezone) if dag.schedule else None
+        store.exec("upsert_dag", dag_id=dag.dag_id, version=dag.version, file=dag.file,
+                   schedule=dag.schedule, timezone=dag.timezone, next_tick=first, now=now)
+        store.exec("set_paused", dag_id=dag.dag_id, paused=int(paused))
+
+
+def clear(store: Store, run_id: str, task_id: str, now: float, *,
+          downstream: bool = True) -> list[str]:
+    """Send a task instance (and what is below it) back to pending; the task ids cleared."""
+    with store.transaction():
+        _locked_run(store, run_id)
+        found = store.rows("task_and_below", run_id=run_id, task_id=task_id)
+        chosen = found if downstream else [ti for ti in found if ti["task_id"] == task_id]
+        if not chosen:
+            raise _no_task(run_id, task_id)
+        _refuse_active(chosen)
+        for ti in chosen:
+            store.exec("ti_clear", ti_id=ti["ti_id"])
+        _settle_run(store, run_id, now)
+    return [ti["task_id"] for ti in chosen]
+
+
+def mark(store: Store, run_id: str, task_id: str, state: str, now: float) -> Row:
+    """Set a task instance's state by hand; the task instance before the change."""
+    if state not in MARKABLE:
+        raise RunError(f"cannot mark a task {state!r}: mark it one of {', '.join(MARKABLE)}")
+    with store.transaction():
+        _locked_run(store, run_id)
+        ti = store.one("run_ti_by_task", run_id=run_id, task_id=task_id)
+        if ti is None:
+            raise _no_task(run_id, task_id)
+        error = "marked failed by hand" if state == "failed" else None
+        store.exec("ti_mark", ti_id=ti["ti_id"], state=state, error=error, now=now)
+        if state == "success":
+            store.exec("unblock_below", run_id=run_id, task_id=task_id)
+        _settle_run(store, run_id, now)
+    return ti
+
+
+def _settle_run(store: Store, run_id: str, now: float) -> None:
+    """Mark what is blocked below a failure, then queue the run for the next tick."""
+    while store.exec("reblock_pending", run_id=run_id, now=now):
+        pass
+    store.exec("reopen_run", run_id=run_id)
+
+
+def _locked_run(store: Store, run_id: str) -> None:
+    if store.one("lock_run", run_id=run_id) is None:
+        raise RunError(f"no run {run_id!r}: find it with `conveyor runs list`")
+
+
+def _refuse_active(tis: Sequence[Row]) -> None:
+    active = [ti for ti in tis if ti["state"] in ("queued", "running")]
+    if active:
+        names = ", ".join(f"{ti['task_id']} ({ti['state']}, attempt {ti['attempt']})"
+                          for ti in active)
+        raise RunError(f"cannot clear while {names} may still run: wait for it to end, or "
+                       "mark it success or failed first")
+
+
+def _no_task(run_id: str, task_id: str) -> RunError:
+    return RunError(f"no task {task_id!r} in run {run_id!r}: see the run's tasks with "
+                    f"`conveyor runs show {run_id}`")
+

@@ -1,0 +1,126 @@
+"""Pause, clear and mark on the state store, through the engine, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conveyor.scheduler import DAG
+from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.errors import RunError
+from conveyor.scheduler.operations import clear, mark, set_paused
+from conveyor.scheduler.runs import create_run
+from conveyor.state.store import Store, from_url
+from tests.conftest import POSTGRES_URL, require_service
+from tests.support import RecordingExecutor, event
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Iterator[Store]:
+    if request.param == "sqlite":
+        opened = from_url(f"sqlite:///{tmp_path}/state.db")
+        yield opened
+        opened.close()
+        return
+    require_service("postgres")
+    opened = from_url(f"{POSTGRES_URL}?schema={unique}")
+    yield opened
+    opened.close()
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(unique)))
+
+
+def chain(retries: int = 0) -> DAG:
+    dag = DAG("chain", retries=retries, retry_delay=0)
+    dag.command("a", ["true"]) >> dag.command("b", ["true"]) >> dag.command("c", ["true"])
+    dag.validate()
+    return dag
+
+
+def states(store: Store, run_id: str) -> dict[str, tuple[str, int]]:
+    return {r["task_id"]: (r["state"], r["attempt"]) for r in store.rows("run_tis", run_id=run_id)}
+
+
+def finish(engine: Engine, executor: RecordingExecutor, task_id: str, kind: str,
+           at: float) -> None:
+    engine.handle(event(executor.pop(task_id), kind, at), at)
+    engine.tick(at)
+
+
+def test_clear_reruns_the_task_and_its_downstream_with_fresh_budgets(store: Store) -> None:
+    dag, executor = chain(retries=1), RecordingExecutor()
+    engine = Engine(store, {"queue": executor}, dags={"chain": dag})
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    assert run_id is not None
+    engine.tick(T0)
+    for task_id in "abc":
+        finish(engine, executor, task_id, "succeeded", T0 + 1)
+    assert store.one("run", run_id=run_id)["state"] == "success"
+
+    assert clear(store, run_id, "b", T0 + 2) == ["b", "c"]
+    assert store.one("run", run_id=run_id)["state"] == "queued"
+    engine.tick(T0 + 2)
+    assert executor.task_ids() == ["b"]
+    finish(engine, executor, "b", "failed", T0 + 3)          # attempt 2 of 3: retried
+    finish(engine, executor, "b", "succeeded", T0 + 4)       # attempt 3
+    finish(engine, executor, "c", "succeeded", T0 + 5)
+    assert states(store, run_id) == {"a": ("success", 1), "b": ("success", 3),
+                                     "c": ("success", 2)}
+    assert store.one("run", run_id=run_id)["state"] == "success"
+
+
+def test_clear_refuses_a_task_that_may_still_run(store: Store) -> None:
+    dag, executor = chain(), RecordingExecutor()
+    engine = Engine(store, {"queue": executor}, dags={"chain": dag})
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    assert run_id is not None
+    engine.tick(T0)
+    with pytest.raises(RunError, match=r"a \(queued, attempt 1\) may still run"):
+        clear(store, run_id, "a", T0)
+    with pytest.raises(RunError, match="no task 'zz'"):
+        clear(store, run_id, "zz", T0)
+
+
+def test_mark_failed_blocks_below_and_mark_success_unblocks(store: Store) -> None:
+    dag, executor = chain(), RecordingExecutor()
+    engine = Engine(store, {"queue": executor}, dags={"chain": dag})
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    assert run_id is not None
+    engine.tick(T0)
+    finish(engine, executor, "a", "failed", T0 + 1)
+    assert states(store, run_id)["c"] == ("upstream_failed", 0)
+    assert store.one("run", run_id=run_id)["state"] == "failed"
+
+    mark(store, run_id, "a", "success", T0 + 2)              # the children may run now
+    engine.tick(T0 + 2)
+    assert executor.task_ids() == ["b"]
+    mark(store, run_id, "b", "failed", T0 + 3)               # in flight: ignored when it ends
+    engine.tick(T0 + 3)
+    finish(engine, executor, "b", "succeeded", T0 + 4)
+    assert states(store, run_id)["b"][0] == "failed"
+    assert states(store, run_id)["c"][0] == "upstream_failed"
+    assert store.one("run", run_id=run_id)["state"] == "failed"
+
+
+def test_a_paused_dag_starts_no_runs_and_skips_its_ticks(store: Store) -> None:
+    dag = DAG("hourly", schedule="0 * * * *")
+    dag.command("a", ["true"])
+    dag.validate()
+    executor = RecordingExecutor()
+    engine = Engine(store, {"queue": executor}, dags={"hourly": dag})
+    engine.sync_dags(T0)
+    set_paused(store, dag, True, T0)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    engine.tick(T0 + 7200)                                   # two ticks passed, paused
+    assert executor.task_ids() == []
+    assert store.one("run", run_id=run_id)["state"] == "queued"
+    assert len(store.rows("recent_runs", dag_id="hourly", state="", limit=10)) == 1
+    set_paused(store, dag, False, T0 + 7200)
+    engine.tick(T0 + 7200)
+    assert executor.task_ids() == ["a"]
