@@ -203,10 +203,12 @@ class Catalog(dict[str, Key]):
         return key
 
     def declare_settings(self) -> None:
-        """Put the `Settings` fields in the catalog (they are read by every command)."""
+        """Put the `Settings` fields in the catalog (they are read by every command), and
+        check their values now: a bad one stops the command before it starts anything."""
         for f in fields(Settings):
-            self.declare(f"{PREFIX}{f.name.upper()}", default=f.default,
-                         help=SETTINGS_HELP[f.name])
+            env, kind = f"{PREFIX}{f.name.upper()}", SETTINGS_KINDS.get(f.name, str)
+            self.declare(env, default=f.default, help=SETTINGS_HELP[f.name], convert=kind)
+            _from_environment(env, f.default, kind, None, "")
 
     def check_file(self) -> None:
         """Stop if the file names a key no setting has (call after every flag is declared)."""
@@ -395,6 +397,13 @@ def size(text: str) -> int:
     except ConfigError:
         raise ValueError("must be a size: bytes, or a number with a unit, e.g. 512MiB, "
                          "2GiB") from None
+
+
+#: What each `Settings` field may be (the others are free text).
+SETTINGS_KINDS: dict[str, Callable[[str], Any]] = {
+    "broker_url": url, "state_url": url, "result_url": url, "max_message_bytes": size,
+    "result_max_bytes": size, "result_ttl": positive_seconds,
+}
 
 
 # -- flags -----------------------------------------------------------------------------------

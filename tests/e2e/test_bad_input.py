@@ -66,6 +66,8 @@ CASES: list[tuple[list[str], dict[str, str], list[str]]] = [
     (["config", "show", "worker", "-c", "0"], {}, ["--concurrency", "1 or more"]),
     (["demo", "--count", "0"], {}, ["--count", "1 or more"]),
     (["no-such-command"], {}, ["invalid choice", "'no-such-command'"]),
+    (["worker"], {"CONVEYOR_MAX_MESSAGE_BYTES": "-1"}, ["CONVEYOR_MAX_MESSAGE_BYTES", "size"]),
+    (["scheduler"], {"CONVEYOR_RESULT_TTL": "0"}, ["CONVEYOR_RESULT_TTL", "more than 0"]),
     (["status", "-b", "kombu+nope://x"], {}, ["kombu has no transport 'nope'"]),
     # runtime: a state store that refuses the connection (libpq's message has two lines)
     (["status", "--state", "postgresql://postgres@127.0.0.1:1/x"], {},
