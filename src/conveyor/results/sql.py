@@ -1,10 +1,11 @@
 """Results in the state store (SQLite or Postgres): a `conveyor_results` table.
 
-`put` inserts unless a live record is there (first write wins) and, on Postgres, sends a
-`pg_notify` in the same transaction; `wait` LISTENs before it reads, so it sleeps until the
-notification. SQLite has no notifications across processes: the writer wakes waiters
-through the same kind of Unix-socket wake channel the SQLite broker uses, in a directory
-beside the database file. Expired rows are deleted by writers, at most once a minute each.
+`put` is one statement: it inserts unless a live record is there (first write wins) and, on
+Postgres, sends a `pg_notify` in the same commit; `wait` LISTENs before it reads, so it
+sleeps until the notification. SQLite has no notifications across processes: the writer
+wakes waiters through the same kind of Unix-socket wake channel the SQLite broker uses, in
+a directory beside the database file. Expired rows are deleted by writers, at most once a
+minute each.
 """
 
 from __future__ import annotations
@@ -35,11 +36,8 @@ class SQLResults(ResultStore):
 
     def put(self, message_id: str, record: ResultRecord, ttl: float) -> bool:
         now = time.time()
-        with self.store.transaction():
-            stored = self.store.exec("put_result", message_id=message_id, now=now, ttl=ttl,
-                                     record=record.encode().decode()) > 0
-            if stored and self._channel:
-                self.store.exec("notify_result", channel=self._channel, message_id=message_id)
+        stored = bool(self.store.rows("put_result", message_id=message_id, now=now, ttl=ttl,
+                                      record=record.encode().decode(), channel=self._channel))
         if stored and self._wake is not None:
             self._wake.notify_all()
         if now >= self._next_sweep:

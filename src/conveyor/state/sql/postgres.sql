@@ -377,20 +377,24 @@ CREATE INDEX conveyor_results_expiry ON conveyor_results (expires_at);
 
 -- name: put_result
 -- First write wins: a redelivered message never replaces a value someone may have read.
-INSERT INTO conveyor_results (message_id, record, expires_at)
-VALUES (%(message_id)s, %(record)s, %(now)s + %(ttl)s)
-ON CONFLICT (message_id) DO UPDATE SET record = excluded.record, expires_at = excluded.expires_at
- WHERE conveyor_results.expires_at <= %(now)s;
+-- One statement (one round trip, one commit): the insert, and when it stored a row, the
+-- NOTIFY that wakes `wait` in every process LISTENing on the channel (sent at commit).
+WITH stored AS (
+    INSERT INTO conveyor_results (message_id, record, expires_at)
+    VALUES (%(message_id)s, %(record)s, %(now)s + %(ttl)s)
+    ON CONFLICT (message_id) DO UPDATE
+       SET record = excluded.record, expires_at = excluded.expires_at
+     WHERE conveyor_results.expires_at <= %(now)s
+    RETURNING message_id
+)
+SELECT s.message_id FROM stored s
+ CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, s.message_id)) AS notified;
 
 -- name: get_result
 SELECT record FROM conveyor_results WHERE message_id = %(message_id)s AND expires_at > %(now)s;
 
 -- name: forget_expired_results
 DELETE FROM conveyor_results WHERE expires_at <= %(now)s;
-
--- name: notify_result
--- Wakes `wait` in every process LISTENing on the channel; delivered at commit.
-SELECT pg_notify(%(channel)s, %(message_id)s);
 
 -- name: migration_0005
 -- What a DAG task returned (JSON), kept with the run: on the task instance for its

@@ -370,19 +370,18 @@ CREATE INDEX conveyor_results_expiry ON conveyor_results (expires_at);
 
 -- name: put_result
 -- First write wins: a redelivered message never replaces a value someone may have read.
+-- Returns the row when it was stored (the writer then wakes waiters).
 INSERT INTO conveyor_results (message_id, record, expires_at)
 VALUES (:message_id, :record, :now + :ttl)
 ON CONFLICT (message_id) DO UPDATE SET record = excluded.record, expires_at = excluded.expires_at
- WHERE conveyor_results.expires_at <= :now;
+ WHERE conveyor_results.expires_at <= :now
+RETURNING message_id;
 
 -- name: get_result
 SELECT record FROM conveyor_results WHERE message_id = :message_id AND expires_at > :now;
 
 -- name: forget_expired_results
 DELETE FROM conveyor_results WHERE expires_at <= :now;
-
--- name: notify_result
-SELECT 1;
 
 -- name: migration_0005
 -- What a DAG task returned (JSON), kept with the run: on the task instance for its
