@@ -176,6 +176,7 @@ def test_up_runs_the_same_system_on_redis_and_postgres(
         proc = start_up(env, ups)
         lines = read_until(proc, "of revenue: success")
         assert any(f"broker       {REDIS_URL}?prefix={unique}" in line for line in lines)
+        shown_values(env, lines[-1].split()[1])
         assert interrupt(proc) == []
         runs = conveyor_json(env, "runs", "list")["runs"]
         assert [r["state"] for r in runs] == ["success"]  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@ as succeeded runs again (the ledger counts every task's side effects)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def test_kill_9_mid_run_then_restart_reruns_nothing(tmp_path: Path) -> None:
         wait_for(lambda: state("extract_orders") == "success" and
                  revenue.ledger_counts(str(ledger))["clean_orders"] == 1,
                  what="extract_orders to succeed and clean_orders to start")
+        reported = store.one("run_ti_by_task", run_id=run_id, task_id="extract_orders")
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         assert store.one("run", run_id=run_id)["state"] == "running"
@@ -45,6 +47,8 @@ def test_kill_9_mid_run_then_restart_reruns_nothing(tmp_path: Path) -> None:
         run = store.one("run", run_id=run_id)
         tasks = {r["task_id"]: (r["state"], r["attempt"]) for r in
                  store.rows("run_tis", run_id=run_id)}
+        values = {r["task_id"]: json.loads(r["result"]) for r in
+                  store.rows("run_tis", run_id=run_id)}
     finally:
         store.close()
         for proc in (first, second, worker):
@@ -54,6 +58,11 @@ def test_kill_9_mid_run_then_restart_reruns_nothing(tmp_path: Path) -> None:
     assert run["state"] == "success", tasks
     assert tasks["extract_orders"] == ("success", 1)
     assert tasks["extract_payments"] == ("success", 3)
+    # the value reported before the crash survived it, and fed the tasks run after it
+    assert reported is not None and json.loads(reported["result"]) == values["extract_orders"]
+    assert values["extract_orders"] == {"rows": 1200, "path": f"{tmp_path}/orders.csv"}
+    assert values["aggregate_revenue"] == {"revenue": 51594.0, "orders": 1200,
+                                           "payments": 1150}
     assert revenue.ledger_counts(str(ledger)) == {
         "extract_orders": 1, "extract_payments": 3, "clean_orders": 1, "clean_payments": 1,
         "aggregate_revenue": 1, "load_dashboard": 1}
