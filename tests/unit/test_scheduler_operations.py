@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,7 +13,7 @@ from psycopg import sql
 from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.errors import RunError
-from conveyor.scheduler.operations import clear, mark, set_paused
+from conveyor.scheduler.operations import backfill, clear, mark, set_paused
 from conveyor.scheduler.runs import create_run
 from conveyor.state.store import Store, from_url
 from tests.conftest import POSTGRES_URL, require_service
@@ -124,3 +125,55 @@ def test_a_paused_dag_starts_no_runs_and_skips_its_ticks(store: Store) -> None:
     set_paused(store, dag, False, T0 + 7200)
     engine.tick(T0 + 7200)
     assert executor.task_ids() == ["a"]
+
+
+def hourly(**options: Any) -> DAG:
+    dag = DAG("hourly", schedule="0 * * * *", **options)
+    dag.command("a", ["true"])
+    dag.validate()
+    return dag
+
+
+START = 1_714_528_800.0          # 2024-05-01T02:00:00Z, on the hour
+
+
+def test_catch_up_creates_each_missed_tick_a_few_at_a_time(store: Store, tmp_path: Path) -> None:
+    dag = hourly(start_date=START - 5 * 3600, max_active_runs=2)
+    executors = [RecordingExecutor(), RecordingExecutor()]
+    other = from_url(str(store_url(store, tmp_path)))
+    engines = [Engine(s, {"queue": e}, dags={"hourly": dag})
+               for s, e in zip((store, other), executors, strict=True)]
+    for engine in engines:
+        engine.sync_dags(START)
+    dates: list[float] = []
+    for _ in range(4):
+        for engine in engines:               # two schedulers: each tick gets one run
+            engine.tick(START + 60)
+        runs = store.rows("recent_runs", dag_id="hourly", state="", limit=100)
+        assert sum(r["state"] in ("queued", "running") for r in runs) <= 2
+        for engine, executor in zip(engines, executors, strict=True):
+            for work in list(executor.sent):
+                engine.handle(event(work, "succeeded", START + 61), START + 61)
+            executor.sent.clear()
+        dates = sorted(r["logical_date"] for r in runs)
+    assert dates == [START - h * 3600 for h in range(5, -1, -1)]   # 6 ticks, once each
+    assert engines[0].next_due(START + 60) == START + 3600
+    other.close()
+
+
+def test_backfill_creates_each_tick_of_the_range_once(store: Store) -> None:
+    dag = hourly(catchup=False)
+    created, existing = backfill(store, dag, START - 3 * 3600, START - 3600, START,
+                                 executors=["queue"])
+    assert len(created) == 3 and existing == []
+    created, existing = backfill(store, dag, START - 4 * 3600, START - 3600, START,
+                                 executors=["queue"])
+    assert len(created) == 1 and existing == [START - h * 3600 for h in (3, 2, 1)]
+    with pytest.raises(RunError, match="has no schedule"):
+        backfill(store, DAG("plain"), START, START, START, executors=["queue"])
+
+
+def store_url(store: Store, tmp_path: Path) -> str:
+    """Another connection to the same store (a second scheduler)."""
+    schema = getattr(store, "schema", "")
+    return f"{POSTGRES_URL}?schema={schema}" if schema else f"sqlite:///{tmp_path}/state.db"

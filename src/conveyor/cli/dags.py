@@ -53,6 +53,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     common_flags(trig)
     trig.set_defaults(run=run_dags_trigger)
     operations.register_dags(dags)
+    operations.register_backfill(dags, _date)
     _register_submit(commands)
 
 

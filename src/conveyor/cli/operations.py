@@ -7,12 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from conveyor.errors import ConfigError
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler import operations
 from conveyor.scheduler.cli import common_flags, config_from, load
+from conveyor.scheduler.config import SchedulerConfig
+from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.runs import iso
 from conveyor.state import store as stores
 
 
@@ -23,6 +27,18 @@ def register_dags(dags: argparse._SubParsersAction) -> None:
         p.add_argument("dag", help="DAG id")
         common_flags(p)
         p.set_defaults(run=run_pause, paused=paused)
+
+
+def register_backfill(dags: argparse._SubParsersAction,
+                      date: Callable[[str], float]) -> None:
+    p = dags.add_parser("backfill", help="create the runs of a past date range (again: no-op)")
+    p.add_argument("dag", help="DAG id (it needs a schedule)")
+    p.add_argument("--from", dest="start", type=date, required=True,
+                   help="first logical date, ISO-8601 (included)")
+    p.add_argument("--to", dest="end", type=date, required=True,
+                   help="last logical date, ISO-8601 (included)")
+    common_flags(p)
+    p.set_defaults(run=run_backfill)
 
 
 def register_tasks(tasks: argparse._SubParsersAction) -> None:
@@ -43,10 +59,7 @@ def register_tasks(tasks: argparse._SubParsersAction) -> None:
 
 def run_pause(args: argparse.Namespace) -> int:
     config = config_from(args)
-    dag = load(config).dags.get(args.dag)
-    if dag is None:
-        raise ConfigError(f"no DAG {args.dag!r} loads from {config.dags_folder!r}: see "
-                          "`conveyor dags list`")
+    dag = _dag(config, args.dag)
     store = stores.from_url(config.settings.state_url)
     try:
         operations.set_paused(store, dag, args.paused, time.time())
@@ -57,6 +70,23 @@ def run_pause(args: argparse.Namespace) -> int:
     state = "paused" if args.paused else "unpaused"
     _say(args, {"dag_id": dag.dag_id, "paused": args.paused},
          f"DAG {dag.dag_id} {state}")
+    return 0
+
+
+def run_backfill(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    dag = _dag(config, args.dag)
+    store = stores.from_url(config.settings.state_url)
+    try:
+        created, existing = operations.backfill(store, dag, args.start, args.end, time.time(),
+                                                executors=config.executors)
+    finally:
+        store.close()
+    if created:
+        daemons.poke(config, created[0])
+    _say(args, {"dag_id": dag.dag_id, "created": created,
+                "existing": [iso(t) for t in existing]},
+         f"{len(created)} run(s) of {dag.dag_id} created, {len(existing)} already there")
     return 0
 
 
@@ -86,6 +116,14 @@ def run_mark(args: argparse.Namespace) -> int:
                 "was": before["state"]},
          f"{args.task_id} in run {args.run_id} marked {args.mark_as} (was {before['state']})")
     return 0
+
+
+def _dag(config: SchedulerConfig, dag_id: str) -> DAG:
+    dag = load(config).dags.get(dag_id)
+    if dag is None:
+        raise ConfigError(f"no DAG {dag_id!r} loads from {config.dags_folder!r}: see "
+                          "`conveyor dags list`")
+    return dag
 
 
 def _say(args: argparse.Namespace, doc: dict[str, Any], line: str) -> None:

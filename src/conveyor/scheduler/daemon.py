@@ -120,14 +120,16 @@ class Daemon:
             executor.start(self.report)
         self.engine.sync_dags(time.time())
         self._tick()
-        finished = self.engine.runs_finished
+        finished = ticked_at = self.engine.runs_finished
         for delivery in self.broker.consume(self.queues, prefetch=PREFETCH, timeout=IDLE_TICK):
             for executor in self.executors.values():
                 executor.check()
             self._drain_inbox()
             poked = delivery is not None and self._receive(delivery)
             self._renew_leases()
-            if poked or delivery is None or self.waker.fired():
+            ended = self.engine.runs_finished != ticked_at   # catch-up may continue
+            if poked or ended or delivery is None or self.waker.fired():
+                ticked_at = self.engine.runs_finished
                 self._tick()
             if self._stop.is_set():
                 return

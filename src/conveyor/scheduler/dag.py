@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,22 @@ def _nodes(other: TaskNode | Sequence[TaskNode]) -> list[TaskNode]:
     return items
 
 
+def _timestamp(value: datetime | str | float | None, where: Location,
+               dag_id: str) -> float | None:
+    """A start date as Unix seconds (naive dates and times are UTC)."""
+    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None if value is None else float(value)
+    try:
+        moment = value if isinstance(value, datetime) else datetime.fromisoformat(
+            str(value).replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise DagError(where, f"DAG {dag_id!r}: start_date {value!r} is not an ISO-8601 date "
+                              "or a datetime, e.g. '2026-11-01' or '2026-11-01T03:00:00Z'")
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
 def _schedule_problem(expr: str, timezone: str) -> str:
     """Why `expr` cannot be a schedule ("" when it can).
 
@@ -188,13 +205,24 @@ class DAG:
     """A named set of tasks with dependencies, optionally run on a cron schedule."""
 
     def __init__(self, dag_id: str, *, schedule: str | None = None, timezone: str = "UTC",
-                 description: str = "", **defaults: Any) -> None:
+                 description: str = "", start_date: datetime | str | float | None = None,
+                 catchup: bool = True, max_active_runs: int = 16, **defaults: Any) -> None:
+        """`start_date`: the first logical date (ISO text, a datetime, or Unix seconds);
+        `catchup`: create the runs of ticks missed while no scheduler ran (from the start
+        date, or since the last tick), at most `max_active_runs` queued or running at once;
+        with `catchup=False` only the latest missed tick gets a run."""
         self.location = caller_location()
         if not isinstance(dag_id, str) or not _ID.match(dag_id):
             raise DagError(self.location, f"DAG id {dag_id!r} must be 1-200 letters, digits, "
                                           "'_', '.' or '-'")
         if schedule is not None and (why := _schedule_problem(schedule, timezone)):
             raise DagError(self.location, f"DAG {dag_id!r}: {why}")
+        if not isinstance(max_active_runs, int) or max_active_runs < 1:
+            raise DagError(self.location, f"DAG {dag_id!r}: max_active_runs must be a whole "
+                                          f"number of at least 1, not {max_active_runs!r}")
+        self.start_date = _timestamp(start_date, self.location, dag_id)
+        self.catchup = bool(catchup)
+        self.max_active_runs = max_active_runs
         self.dag_id = dag_id
         self.schedule = schedule
         self.timezone = timezone

@@ -108,6 +108,8 @@ class Engine:
         #: Called with each new deadline written, so the daemon can wake for it.
         self.on_deadline: Callable[[float], None] = lambda at: None
         self.runs_finished = 0
+        #: DAGs whose catch-up waits for one of their runs to end (not a deadline to wake for)
+        self._capped: set[str] = set()
 
     # -- DAGs -----------------------------------------------------------------------------------
 
@@ -115,7 +117,7 @@ class Engine:
         """Record the loaded DAGs (version, file, schedule, first cron tick) in the store."""
         with self.store.transaction():
             for dag in self.dags.values():
-                first = cron.next_tick(dag.schedule, now, dag.timezone) if dag.schedule else None
+                first = first_tick(dag, now)
                 self.store.exec("upsert_dag", dag_id=dag.dag_id, version=dag.version,
                                 file=dag.file, schedule=dag.schedule, timezone=dag.timezone,
                                 next_tick=first, now=now)
@@ -215,15 +217,21 @@ class Engine:
         found = self.store.one("next_deadline")
         times = [found["at"]] if found and found["at"] is not None else []
         times += [row["next_tick"] for row in self.store.rows("dags")
-                  if row["dag_id"] in self.dags and row["next_tick"] is not None]
+                  if row["dag_id"] in self.dags and row["next_tick"] is not None
+                  and row["dag_id"] not in self._capped]
         return min(times, default=None)
 
     def _cron(self, now: float) -> None:
-        """Create the run of every scheduled DAG whose tick passed (the latest tick only:
-        a scheduler that was down does not replay every missed one)."""
+        """Create the runs of every scheduled DAG whose ticks passed: each missed tick with
+        `catchup` (up to `max_active_runs` at once; the rest when runs end), else the
+        latest only. A paused DAG's ticks pass without runs."""
+        self._capped.clear()
         for row in self.store.rows("dags"):
             dag = self.dags.get(row["dag_id"])
             if dag is None or not dag.schedule or not row["next_tick"] or row["next_tick"] > now:
+                continue
+            if dag.catchup and not row.get("paused"):
+                self._catch_up(dag, row["next_tick"], now)
                 continue
             logical = max(row["next_tick"], cron.latest_tick(dag.schedule, now, dag.timezone))
             following = cron.next_tick(dag.schedule, now, dag.timezone)
@@ -232,6 +240,25 @@ class Engine:
                                    expected=row["next_tick"]) and not row.get("paused"):
                     create_run(self.store, dag, now, executors=list(self.executors),
                                logical_date=logical, run_type="scheduled")
+
+    def _catch_up(self, dag: DAG, tick: float, now: float) -> None:
+        """One run per tick from `tick` to `now`, oldest first, while the DAG has fewer than
+        `max_active_runs` queued or running; each advance is guarded, so two schedulers
+        never create the same tick twice (and the unique logical date holds anyway)."""
+        assert dag.schedule is not None
+        while tick <= now:
+            active = self.store.one("dag_active_runs", dag_id=dag.dag_id)
+            if active and active["n"] >= dag.max_active_runs:
+                self._capped.add(dag.dag_id)      # resumes when one of its runs ends
+                return
+            following = cron.next_tick(dag.schedule, tick, dag.timezone)
+            with self.store.transaction():
+                if not self.store.exec("advance_tick", dag_id=dag.dag_id, next_tick=following,
+                                       expected=tick):
+                    return                        # another scheduler moved it
+                create_run(self.store, dag, now, executors=list(self.executors),
+                           logical_date=tick, run_type="scheduled")
+            tick = following
 
     def _claim_and_dispatch(self, claim: str, now: float) -> None:
         """Start queued runs, or re-queue due retries, a batch at a time."""
@@ -307,6 +334,15 @@ class Engine:
 
     def _note(self, deadline: float) -> None:
         self.on_deadline(deadline)
+
+
+def first_tick(dag: DAG, now: float) -> float | None:
+    """A new DAG's first tick: from its start date when it catches up, else after now."""
+    if not dag.schedule:
+        return None
+    if dag.catchup and dag.start_date is not None:
+        return cron.next_tick(dag.schedule, dag.start_date - 0.001, dag.timezone)
+    return cron.next_tick(dag.schedule, now, dag.timezone)
 
 
 def what_is_known(event: Event) -> dict[str, Any]:

@@ -5,6 +5,8 @@ event a scheduler is applying. None talks to executors: a changed run goes back 
 and the next scheduler tick starts it (dispatching what became ready, ending it if nothing
 is left), the same path a new run takes. The caller pokes the schedulers.
 
+* backfill: a run for every tick of a past date range, created queued (the unique
+  (DAG, logical date) rule makes it idempotent); the schedulers start them oldest first.
 * pause / unpause: a paused DAG's queued runs wait and its cron ticks pass without a run;
   what is already running finishes.
 * clear: a task instance and (unless asked otherwise) everything downstream of it go back to
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from conveyor.scheduler import cron
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.errors import RunError
+from conveyor.scheduler.runs import create_run
 from conveyor.state.store import Row, Store
 
 MARKABLE = ("success", "failed")
@@ -33,6 +36,29 @@ def set_paused(store: Store, dag: DAG, paused: bool, now: float) -> None:
         store.exec("upsert_dag", dag_id=dag.dag_id, version=dag.version, file=dag.file,
                    schedule=dag.schedule, timezone=dag.timezone, next_tick=first, now=now)
         store.exec("set_paused", dag_id=dag.dag_id, paused=int(paused))
+
+
+def backfill(store: Store, dag: DAG, start: float, end: float, now: float, *,
+             executors: Sequence[str]) -> tuple[list[str], list[float]]:
+    """A run for every tick of `dag`'s schedule from `start` to `end` (both included):
+    (new run ids, logical dates that already had a run). Repeating it creates nothing new."""
+    if not dag.schedule:
+        raise RunError(f"DAG {dag.dag_id!r} has no schedule, so a date range names no runs: "
+                       "use `conveyor dags trigger --logical-date` for single runs")
+    if end < start:
+        raise RunError("--to is before --from: give the range oldest date first")
+    created: list[str] = []
+    existing: list[float] = []
+    tick = cron.next_tick(dag.schedule, start - 0.001, dag.timezone)
+    while tick <= end:
+        run_id = create_run(store, dag, now, executors=executors, logical_date=tick,
+                            run_type="backfill")
+        if run_id is None:
+            existing.append(tick)
+        else:
+            created.append(run_id)
+        tick = cron.next_tick(dag.schedule, tick, dag.timezone)
+    return created, existing
 
 
 def clear(store: Store, run_id: str, task_id: str, now: float, *,

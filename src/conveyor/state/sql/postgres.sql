@@ -475,3 +475,7 @@ WITH RECURSIVE below (task_id) AS (
 UPDATE conveyor_task_instances SET state = 'pending', ended_at = NULL
  WHERE run_id = %(run_id)s AND state = 'upstream_failed'
    AND task_id IN (SELECT task_id FROM below);
+
+-- name: dag_active_runs
+SELECT COUNT(*) AS n FROM conveyor_runs
+ WHERE dag_id = %(dag_id)s AND state IN ('queued', 'running');
