@@ -20,15 +20,16 @@ with `--max-tasks-per-child=100` (Celery's prefork reuses its processes; Conveyo
 is a fresh runner per task); `--native` adds Conveyor's own producer and worker on the same
 broker (benchmarks/p_conveyor.py), to show what the intake itself costs.
 
-Measured on the 2-core development machine shared with other work (load 2-7), 2,000 tasks,
-one run each, BENCH_COUNTER_URL=redis://127.0.0.1:6379/13, after the feed moved to batches:
+Measured on the 2-core development machine shared with other work (load 2-10), 2,000
+tasks, BENCH_COUNTER_URL=redis://127.0.0.1:6379/13, after the feed moved to batches; two
+separate runs (each ratio is from one run):
 
 | variant | Celery prefork | intake | ratio |
 |---|---|---|---|
-| Redis, fresh runner per task | 502/s | 69/s | 0.14 |
-| Redis, --max-tasks-per-child=100 | 502/s | 567/s | 1.13 |
-| RabbitMQ, fresh runner per task | 475/s | (worker crashed in pool.release) | - |
-| RabbitMQ, --max-tasks-per-child=100 | 475/s | 193/s | 0.41 |
+| Redis, fresh runner per task | 502/s, 293/s | 69/s, 48/s | 0.14, 0.16 |
+| Redis, --max-tasks-per-child=100 | 502/s, 293/s | 567/s, 398/s | 1.13, 1.36 |
+| RabbitMQ, fresh runner per task | 475/s, 362/s | (crash in pool.release), 46/s | -, 0.13 |
+| RabbitMQ, --max-tasks-per-child=100 | 475/s, 362/s | 193/s, 187/s | 0.41, 0.52 |
 
 The feed alone (no supervisor: `Feed`/`RedisFeed` moving 3,000 messages) now moves about
 1,300/s from RabbitMQ and 1,500-1,800/s from Redis (before batching: 300-650/s), so the
