@@ -31,6 +31,6 @@ RUN pip install --no-cache-dir --no-index --find-links=/wheels conveyor \
 USER 10001:10001
 WORKDIR /var/lib/conveyor
 # 9100: a worker's /metrics; 9400: the autoscaler's /metrics and queue-depth API
-EXPOSE 9100 9400
+EXPOSE 9100 9300 9400
 ENTRYPOINT ["conveyor"]
 CMD ["up"]

@@ -91,6 +91,7 @@ def metrics_ports() -> dict[str, int]:
     ports = {name: int(flag(s["command"], "metrics-port")) for name, s in WORKERS.items()}
     toml = next(v for v in SERVICES["autoscaler"]["volumes"] if v.endswith(".toml:ro"))
     ports["autoscaler"] = load_autoscaler(COMPOSE_DIR / toml.split(":")[0]).metrics_port
+    ports["scheduler"] = int(flag(SERVICES["scheduler"]["command"], "metrics-port"))
     return ports
 
 

@@ -11,10 +11,11 @@ import argparse
 import logging
 import signal
 
-from conveyor.config import env_flag, log_level, positive_int, positive_seconds, url
+from conveyor.config import env_flag, log_level, port, positive_int, positive_seconds, url
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.loader import Loaded, load_folder
+from conveyor.state import store as stores
 
 log = logging.getLogger("conveyor.scheduler")
 
@@ -49,6 +50,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     env_flag(p, "--kubernetes-pending-timeout", env="CONVEYOR_KUBERNETES_PENDING_TIMEOUT",
              default=300.0, kind=positive_seconds,
              help="seconds a pod may stay Pending before it fails")
+    env_flag(p, "--metrics-port", env="CONVEYOR_SCHEDULER_METRICS_PORT", default=0, kind=port,
+             help="serve Prometheus /metrics on this port (0: off)")
     env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
              help="log level")
     p.set_defaults(run=run_scheduler)
@@ -71,6 +74,8 @@ def run_scheduler(args: argparse.Namespace) -> int:
     log.info("scheduler starting: %d DAG(s) (%s), executors %s", len(loaded.dags),
              ", ".join(loaded.dags) or "none", ",".join(config.executors))
     daemon = daemons.build(config, loaded.dags)
+    if args.metrics_port:
+        serve_metrics(daemon, config, args.metrics_port, len(loaded.errors))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: daemon.stop())
     try:
@@ -78,6 +83,18 @@ def run_scheduler(args: argparse.Namespace) -> int:
     finally:
         daemon.close()
     return 0
+
+
+def serve_metrics(daemon: daemons.Daemon, config: SchedulerConfig, port_number: int,
+                  load_errors: int) -> None:
+    """/metrics on `port_number`, fed by the daemon's and the engine's hooks."""
+    from conveyor.scheduler.metrics import SchedulerMetrics
+    metrics = SchedulerMetrics(config.settings.state_url or stores.default_url())
+    metrics.load_errors.set(load_errors)
+    daemon.on_applied = metrics.event_lag.observe
+    daemon.engine.on_dispatched = metrics.dispatched
+    metrics.serve(port_number)
+    log.info("metrics on http://0.0.0.0:%d/metrics", port_number)
 
 
 def load(config: SchedulerConfig) -> Loaded:

@@ -102,6 +102,8 @@ class Daemon:
         self.waker = Waker(broker.wakeup)
         self._stop = threading.Event()
         self._renewed = time.monotonic()
+        #: Called with each applied event's lag (now minus its timestamp), for metrics.
+        self.on_applied: Callable[[float], None] = lambda lag: None
         engine.on_deadline = self.waker.at
 
     def report(self, event: Event) -> None:
@@ -155,7 +157,12 @@ class Daemon:
                 event = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            self.engine.handle(event, time.time())
+            self._apply(event)
+
+    def _apply(self, event: Event) -> None:
+        now = time.time()
+        self.engine.handle(event, now)
+        self.on_applied(now - event.at)
 
     def _receive(self, delivery: Delivery) -> bool:
         """Apply one delivery; True if it was a poke asking for a tick."""
@@ -168,7 +175,7 @@ class Daemon:
             self.broker.dead_letter(delivery, f"not a scheduler event: {exc}")
             return False
         try:
-            self.engine.handle(event, time.time())
+            self._apply(event)
         except Exception as exc:
             if delivery.delivery_count < MAX_EVENT_DELIVERIES:
                 raise   # fail fast; the event comes back to a clean process

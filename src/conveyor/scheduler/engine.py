@@ -107,6 +107,9 @@ class Engine:
         self.publish_grace = publish_grace
         #: Called with each new deadline written, so the daemon can wake for it.
         self.on_deadline: Callable[[float], None] = lambda at: None
+        #: Called with (the outcome's timestamp, children dispatched) after an event made
+        #: tasks ready: the DAG hop, for metrics.
+        self.on_dispatched: Callable[[float, int], None] = lambda at, n: None
         self.runs_finished = 0
         #: DAGs whose catch-up waits for one of their runs to end (not a deadline to wake for)
         self._capped: set[str] = set()
@@ -138,6 +141,8 @@ class Engine:
                 return
             ready = self._apply(ti, ref[1], event, now)
         self._dispatch(ready, now)
+        if ready:
+            self.on_dispatched(event.at, len(ready))
 
     def _apply(self, ti: Row, attempt: int, event: Event, now: float) -> list[Row]:
         kind = event.kind

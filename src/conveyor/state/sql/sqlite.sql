@@ -466,3 +466,9 @@ UPDATE conveyor_task_instances SET state = 'pending', ended_at = NULL
 -- name: dag_active_runs
 SELECT COUNT(*) AS n FROM conveyor_runs
  WHERE dag_id = :dag_id AND state IN ('queued', 'running');
+
+-- name: runs_by_state
+SELECT state, COUNT(*) AS n FROM conveyor_runs GROUP BY state;
+
+-- name: tis_by_state
+SELECT state, COUNT(*) AS n FROM conveyor_task_instances GROUP BY state;
