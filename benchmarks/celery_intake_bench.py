@@ -31,6 +31,10 @@ separate runs (each ratio is from one run):
 | RabbitMQ, fresh runner per task | 475/s, 362/s | (crash in pool.release), 46/s | -, 0.13 |
 | RabbitMQ, --max-tasks-per-child=100 | 475/s, 362/s | 193/s, 187/s | 0.41, 0.52 |
 
+What the intake itself costs, `--native` (RabbitMQ, one run): intake 38/s and 230/s, native
+Conveyor (its own producer and worker, same broker) 37/s and 244/s, Celery 366/s; intake ÷
+native 1.03 (fresh runner) and 0.94 (reuse). The rest of the gap to Celery is the worker's.
+
 The feed alone (no supervisor: `Feed`/`RedisFeed` moving 3,000 messages) now moves about
 1,300/s from RabbitMQ and 1,500-1,800/s from Redis (before batching: 300-650/s), so the
 intake is no longer the limit: with a fresh runner per task the runner's cost is (the
