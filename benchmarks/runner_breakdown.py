@@ -119,8 +119,8 @@ def drain(args: argparse.Namespace, env: dict[str, str], traced: str | None) -> 
            queue, "-c", "2", "--burst", f"--max-tasks-per-child={args.reuse}",
            "--log-level=WARNING"]
     if traced:
-        cmd = ["strace", "-f", "-ttt", "--seccomp-bpf", "-e", f"trace={TRACED}", "-o", traced,
-               *cmd]
+        cmd = ["strace", "-f", "-ttt", "-s", "96", "--seccomp-bpf", "-e", f"trace={TRACED}",
+               "-o", traced, *cmd]
     start = time.perf_counter()
     subprocess.run(cmd, env={**env, "CONVEYOR_BROKER_URL": url}, check=True, timeout=600)
     elapsed = time.perf_counter() - start

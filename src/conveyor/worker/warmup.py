@@ -29,11 +29,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# Imported lazily by common client libraries on their first connection (redis-py imports
-# `secrets` for its pool id; Python imports `encodings.idna`/`stringprep` for host names;
-# importlib.metadata imports the `email` parser to read METADATA).
-LAZY_STDLIB = ("secrets", "encodings.idna", "stringprep", "email.parser", "email.feedparser",
-               "uuid", "hmac", "ssl")
+# Imported lazily on a fresh runner's first connection, seen in an strace of one (redis-py
+# imports `secrets` for its pool id; Python imports `encodings.idna`/`stringprep` for host
+# names; importlib.metadata imports the `email` parser to read METADATA). Only these: every
+# module here is memory in the zygote, counted in the worker's footprint.
+LAZY_STDLIB = ("secrets", "encodings.idna", "stringprep", "email.parser", "email.feedparser")
 
 
 def warm() -> None:
