@@ -377,7 +377,16 @@ def url(text: str) -> str:
     except ValueError:
         netloc = urlsplit(text).netloc.rsplit("@", 1)[-1]
         raise ValueError(f"its port in {netloc!r} is not a number from 1 to 65535") from None
+    _check_redis_db(text)
     return text
+
+
+def _check_redis_db(text: str) -> None:
+    """redis://host/N: the path is a database number (redis-py would fail at connect)."""
+    parts = urlsplit(text)
+    db = parts.path.strip("/")
+    if parts.scheme in ("redis", "rediss", "kombu+redis") and db and not db.isdigit():
+        raise ValueError(f"its database {db!r} is not a number (redis://host:6379/0)")
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

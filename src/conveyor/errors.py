@@ -36,6 +36,10 @@ class LeaseLost(BrokerError):
     """
 
 
+class StateStoreUnavailable(ConveyorError):
+    """The state store (SQLite file or Postgres) could not be reached: an outage, not a typo."""
+
+
 class UnknownTask(ConveyorError):
     """A message names a task that no imported module registered."""
 

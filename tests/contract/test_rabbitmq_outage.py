@@ -225,7 +225,7 @@ def test_a_worker_facing_an_unreachable_rabbitmq_says_one_line_per_attempt() -> 
                           env=env)
     lines = done.stderr.splitlines() + done.stdout.splitlines()
     attempts = [line for line in lines if "attempt" in line and "reconnecting in" in line]
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr  # runtime: the broker stayed away
     assert "Traceback" not in done.stderr and "pika" not in done.stderr.replace(
         "pika.", ""), done.stderr
     assert lines[-1].startswith("conveyor: connecting: RabbitMQ at") and \

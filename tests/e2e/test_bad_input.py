@@ -69,9 +69,17 @@ CASES: list[tuple[list[str], dict[str, str], list[str]]] = [
     (["worker"], {"CONVEYOR_MAX_MESSAGE_BYTES": "-1"}, ["CONVEYOR_MAX_MESSAGE_BYTES", "size"]),
     (["scheduler"], {"CONVEYOR_RESULT_TTL": "0"}, ["CONVEYOR_RESULT_TTL", "more than 0"]),
     (["status", "-b", "kombu+nope://x"], {}, ["kombu has no transport 'nope'"]),
-    # runtime: a state store that refuses the connection (libpq's message has two lines)
+    (["worker", "-b", "redis://127.0.0.1:6379/notadb"], {}, ["--broker", "'notadb'", "number"]),
+]
+
+#: The command was right but could not be carried out: exit 1, still one line.
+RUNTIME_CASES: list[tuple[list[str], dict[str, str], list[str]]] = [
+    # a state store that refuses the connection (libpq's message has two lines)
     (["status", "--state", "postgresql://postgres@127.0.0.1:1/x"], {},
      ["cannot reach the state store", "Is the server running"]),
+    # a broker that stays unreachable past its retry window
+    (["enqueue", "t", "-b", "redis://127.0.0.1:1/0?retry_seconds=1"], {},
+     ["127.0.0.1:1", "1.0 s"]),
 ]
 
 
@@ -82,10 +90,11 @@ def conveyor(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Comp
                           env={**clean, "CONVEYOR_HOME": str(cwd / "data"), **env})
 
 
-def assert_one_line(done: subprocess.CompletedProcess[str], words: list[str]) -> None:
+def assert_one_line(done: subprocess.CompletedProcess[str], words: list[str],
+                    code: int = 2) -> None:
     err = done.stderr
     assert "Traceback" not in err, err
-    assert done.returncode == 2 and err.count("\n") == 1 and err.endswith("\n"), err
+    assert done.returncode == code and err.count("\n") == 1 and err.endswith("\n"), err
     assert all(word in err for word in words), (words, err)
 
 
@@ -95,6 +104,17 @@ def assert_one_line(done: subprocess.CompletedProcess[str], words: list[str]) ->
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], env: dict[str, str],
                                           words: list[str], tmp_path: Path) -> None:
     assert_one_line(conveyor(argv, env, tmp_path), words)
+
+
+@pytest.mark.parametrize(("argv", "env", "words"), RUNTIME_CASES,
+                         ids=[" ".join(a) for a, _, _ in RUNTIME_CASES])
+def test_a_failure_at_run_time_is_one_line_and_exit_1(argv: list[str], env: dict[str, str],
+                                                      words: list[str], tmp_path: Path) -> None:
+    done = conveyor(argv, env, tmp_path)
+    *attempts, last = done.stderr.splitlines() or [""]
+    assert all("reconnecting in" in line for line in attempts), done.stderr  # one per attempt
+    done.stderr = last + "\n"   # the error itself: one line after the attempts' lines
+    assert_one_line(done, words, code=1)
 
 
 @pytest.mark.parametrize(("file", "words"), [

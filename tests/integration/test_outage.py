@@ -304,5 +304,5 @@ def test_exit_after_outage_stops_the_worker_when_the_operator_asks(
     finally:
         if worker.poll() is None:
             worker.send_signal(signal.SIGKILL)
-    assert worker.returncode == 2, out  # a runtime ConveyorError: the CLI says one line
+    assert worker.returncode == 1, out  # a runtime error (the outage): one line, exit 1
     assert "--exit-after-outage=1" in out and "Traceback" not in out, out

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from conveyor import config, logs
 from conveyor.config import Catalog, SettingsParser
-from conveyor.errors import ConveyorError
+from conveyor.errors import BrokerError, ConveyorError, ResultError, StateStoreUnavailable
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -83,4 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except ConveyorError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
+
+
+def exit_code(exc: ConveyorError) -> int:
+    """2 when the command itself needs correcting (a value, a name, a file); 1 when it was
+    right but the world failed it (a broker unreachable or lost, a task that failed), so a
+    script can tell "fix the command" from "try again later"."""
+    return 1 if isinstance(exc, BrokerError | StateStoreUnavailable | ResultError) else 2

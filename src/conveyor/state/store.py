@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from conveyor import sqlfiles
-from conveyor.errors import ConfigError
+from conveyor.errors import ConfigError, StateStoreUnavailable
 from conveyor.locations import data_dir, path_from_url, redact
 
 Row = dict[str, Any]
@@ -158,8 +158,9 @@ class PostgresStore(Store):
         try:
             self._db = psycopg.connect(conninfo, autocommit=True, row_factory=dict_row)
         except psycopg.OperationalError as exc:
-            raise ConfigError(f"cannot reach the state store {redact(url)}: "   # one line:
-                              f"{' '.join(str(exc).split())}") from None   # psycopg's has two
+            detail = " ".join(str(exc).split())   # one line: psycopg's message has two
+            raise StateStoreUnavailable(
+                f"cannot reach the state store {redact(url)}: {detail}") from None
         self._transaction: Any = None
         self._listening: set[str] = set()
         if self.schema:
