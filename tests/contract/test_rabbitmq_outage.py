@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pika
 import pytest
@@ -26,6 +27,7 @@ from conveyor.client import Client
 from conveyor.errors import BrokerConnectionError, BrokerError
 from conveyor.message import Message
 from tests.conftest import RABBITMQ_URL, require_service
+from tests.integration.workerkit import finish, start_worker, stop, task_message
 
 
 class HandshakeRelay:
@@ -36,6 +38,7 @@ class HandshakeRelay:
     def __init__(self) -> None:
         self.mode = "pass"
         self.handshake_closes = 0
+        self.connections = 0  # relayed in "pass" mode
         self._live: list[socket.socket] = []
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -67,6 +70,7 @@ class HandshakeRelay:
             return
         with self._lock:
             self._live += [client, upstream]
+            self.connections += 1
         threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
         _pipe(client, upstream)
 
@@ -231,3 +235,30 @@ def test_a_worker_facing_an_unreachable_rabbitmq_says_one_line_per_attempt() -> 
     assert lines[-1].startswith("conveyor: connecting: RabbitMQ at") and \
         "stayed unreachable for 2.0 s" in lines[-1] and "ConnectionRefusedError" in lines[-1]
     assert len(lines) <= len(attempts) + 4, lines  # start-up lines, attempts, the error
+
+
+def test_a_worker_process_reconnecting_through_handshake_closes_stays_up(
+        relay: HandshakeRelay, queue: str, tmp_path: Path) -> None:
+    """The issue's reproduction: `conveyor worker` behind a node that keeps closing new
+    connections right after Connection.Start exited 64 ms later; now it keeps its pid and
+    runs what is published once the node is back."""
+    log = tmp_path / "record.log"
+    worker = start_worker(relay.url(), queue, burst=False)
+    try:
+        wait_for(lambda: relay.connections >= 1, 30, "the worker's connection")
+        time.sleep(1)  # let it subscribe
+        relay.mode = "handshake"
+        relay.drop_all()
+        wait_for(lambda: relay.handshake_closes >= 3, 30, "three handshake closes")
+        assert worker.poll() is None, finish(worker)
+        relay.mode = "pass"
+        producer = RabbitMQBroker(RABBITMQ_URL)
+        Client(producer).enqueue(task_message("t.record", queue, str(log), "after"))
+        producer.close()
+        wait_for(lambda: log.exists() and "done after" in log.read_text(), 30, "the task")
+        assert worker.poll() is None
+    finally:
+        stop(worker)
+        out = finish(worker, timeout=60)
+    assert worker.returncode == 0 and "refused the login" not in out, out
+    assert "Traceback" not in out, out
