@@ -12,7 +12,7 @@ from psycopg import sql
 
 from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine
-from conveyor.scheduler.errors import RunError
+from conveyor.scheduler.errors import DagError, RunError
 from conveyor.scheduler.operations import backfill, clear, mark, set_paused
 from conveyor.scheduler.runs import create_run
 from conveyor.state.store import Store, from_url
@@ -177,3 +177,12 @@ def store_url(store: Store, tmp_path: Path) -> str:
     """Another connection to the same store (a second scheduler)."""
     schema = getattr(store, "schema", "")
     return f"{POSTGRES_URL}?schema={schema}" if schema else f"sqlite:///{tmp_path}/state.db"
+
+
+def test_start_dates_and_run_caps_are_checked_where_the_dag_is_declared() -> None:
+    assert hourly(start_date="2024-05-01T02:00:00Z").start_date == START
+    assert hourly(start_date="2024-05-01T02:00").start_date == START      # naive: UTC
+    with pytest.raises(DagError, match=r"start_date 'yesterday' is not an ISO-8601 date"):
+        hourly(start_date="yesterday")
+    with pytest.raises(DagError, match="max_active_runs must be a whole number"):
+        hourly(max_active_runs=0)

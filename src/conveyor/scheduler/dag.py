@@ -177,16 +177,17 @@ def _nodes(other: TaskNode | Sequence[TaskNode]) -> list[TaskNode]:
 def _timestamp(value: datetime | str | float | None, where: Location,
                dag_id: str) -> float | None:
     """A start date as Unix seconds (naive dates and times are UTC)."""
-    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
-        return None if value is None else float(value)
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     try:
         moment = value if isinstance(value, datetime) else datetime.fromisoformat(
             str(value).replace("Z", "+00:00"))
     except ValueError:
-        moment = None
-    if moment is None:
         raise DagError(where, f"DAG {dag_id!r}: start_date {value!r} is not an ISO-8601 date "
-                              "or a datetime, e.g. '2026-11-01' or '2026-11-01T03:00:00Z'")
+                              "or a datetime, e.g. '2026-11-01' or '2026-11-01T03:00:00Z'"
+                       ) from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
