@@ -45,6 +45,7 @@ def test_a_missing_distribution_still_raises_every_time() -> None:
 def test_warm_loads_the_name_service_and_lazy_modules() -> None:
     out = _in_fresh_interpreter("""
         import sys
+        import importlib.metadata   # as a client library of the app would
         from conveyor.worker import warmup
         warmup.warm()
         print(all(name in sys.modules for name in ("encodings.idna", "secrets",
@@ -53,15 +54,25 @@ def test_warm_loads_the_name_service_and_lazy_modules() -> None:
     assert out.strip() == "True"
 
 
+def test_an_app_that_never_asks_for_versions_does_not_pay_for_them() -> None:
+    out = _in_fresh_interpreter("""
+        import sys
+        from conveyor.worker import warmup
+        warmup.warm()
+        print(any(name in sys.modules for name in ("importlib.metadata", "email.parser")))
+    """)
+    assert out.strip() == "False"
+
+
 def test_a_failing_step_does_not_stop_the_others() -> None:
     out = _in_fresh_interpreter("""
         import socket, sys
+        import importlib.metadata as md
         from conveyor.worker import warmup
         def broken(*args, **kwargs):
             raise RuntimeError("resolver broken")
         warmup._resolve_names = broken
         warmup.warm()
-        import importlib.metadata as md
         print(hasattr(md.version, "cache_info"))
     """)
     assert out.strip() == "True"

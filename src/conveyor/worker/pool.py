@@ -327,7 +327,8 @@ class Pool:
         self.on_change()
 
     def _on_exited(self, pid: int, status: int) -> None:
-        runner = self._by_pid.pop(pid, None)
+        with self._lock:  # release() reads the table from the main thread
+            runner = self._by_pid.pop(pid, None)
         if runner is None:
             return
         self._drain_channel(runner)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
-import importlib.metadata
 import socket
 import sys
 from collections.abc import Callable
@@ -33,7 +32,10 @@ from typing import Any
 # imports `secrets` for its pool id; Python imports `encodings.idna`/`stringprep` for host
 # names; importlib.metadata imports the `email` parser to read METADATA). Only these: every
 # module here is memory in the zygote, counted in the worker's footprint.
-LAZY_STDLIB = ("secrets", "encodings.idna", "stringprep", "email.parser", "email.feedparser")
+LAZY_STDLIB = ("secrets", "encodings.idna", "stringprep")
+#: Only when the app's libraries use importlib.metadata (they imported it): its scan and the
+#: `email` parser are ~2 MiB in every worker that never asks for a version.
+METADATA_STDLIB = ("email.parser", "email.feedparser")
 
 
 def warm() -> None:
@@ -70,8 +72,13 @@ def _resolve_names() -> None:
 
 
 def _memoise_versions() -> None:
-    """Cache `importlib.metadata.version` and fill it for the distributions imported."""
-    metadata = importlib.metadata
+    """Cache `importlib.metadata.version` and fill it for the distributions imported, if a
+    library of the app asks for versions at all (it imported importlib.metadata)."""
+    if "importlib.metadata" not in sys.modules:
+        return
+    import importlib.metadata as metadata
+    for name in METADATA_STDLIB:
+        importlib.import_module(name)
     if not hasattr(metadata.version, "cache_info"):
         metadata.version = _cached(metadata.version)  # type: ignore[assignment]
     imported = {name.partition(".")[0] for name in sys.modules}
