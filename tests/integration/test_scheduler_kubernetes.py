@@ -76,6 +76,13 @@ class FakeCluster:
             pod["metadata"]["creationTimestamp"] = datetime.now(UTC).strftime(
                 "%Y-%m-%dT%H:%M:%SZ")
             pod["status"] = {"phase": "Pending"}
+            if not schedulable(pod):
+                # The scheduler's verdict comes with the pod, not from the kubelet thread:
+                # creationTimestamp has whole seconds, so a pod a few ms old can already look
+                # past a 1 s pending timeout, and the executor must find the reason then.
+                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                                "reason": "Unschedulable",
+                                                "message": UNSCHEDULABLE}]
             self.pods[name] = pod
             self.created.append(json.loads(json.dumps(pod)))
         self.change("ADDED", pod)
@@ -84,13 +91,8 @@ class FakeCluster:
 
     def kubelet(self, name: str) -> None:
         pod = self.pods[name]
-        selector = pod["spec"].get("nodeSelector") or {}
-        if any(NODE_LABELS.get(k) != v for k, v in selector.items()):
-            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
-                                            "reason": "Unschedulable",
-                                            "message": UNSCHEDULABLE}]
-            self.change("MODIFIED", pod)
-            return
+        if not schedulable(pod):
+            return  # stays Pending, its condition set at creation
         pod["spec"]["nodeName"] = "node-1"
         pod["status"] = {"phase": "Running"}
         self.change("MODIFIED", pod)
@@ -185,6 +187,12 @@ class FakeCluster:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(5)
+
+
+def schedulable(pod: dict[str, Any]) -> bool:
+    """Whether a node matches the pod's nodeSelector."""
+    selector = pod["spec"].get("nodeSelector") or {}
+    return all(NODE_LABELS.get(k) == v for k, v in selector.items())
 
 
 def status(code: int, reason: str, message: str) -> dict[str, Any]:
