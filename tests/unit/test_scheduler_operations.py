@@ -186,3 +186,21 @@ def test_start_dates_and_run_caps_are_checked_where_the_dag_is_declared() -> Non
         hourly(start_date="yesterday")
     with pytest.raises(DagError, match="max_active_runs must be a whole number"):
         hourly(max_active_runs=0)
+
+
+def test_backfilled_runs_start_no_more_than_max_active_runs_at_once(store: Store) -> None:
+    dag, executor = hourly(catchup=False, max_active_runs=2), RecordingExecutor()
+    engine = Engine(store, {"queue": executor}, dags={"hourly": dag})
+    created, _ = backfill(store, dag, START - 5 * 3600, START - 3600, START,
+                          executors=["queue"])
+    assert len(created) == 5
+    started = []
+    for _ in range(3):
+        engine.tick(START)
+        started.append(len(executor.sent))
+        runs = store.rows("recent_runs", dag_id="hourly", state="running", limit=10)
+        assert len(runs) <= 2
+        for work in list(executor.sent):
+            engine.handle(event(work, "succeeded", START + 1), START + 1)
+        executor.sent.clear()
+    assert started == [2, 2, 1]

@@ -30,6 +30,7 @@ from conveyor.scheduler import cron
 from conveyor.scheduler.dag import DAG, UPSTREAM_REF
 from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Executor, Workload, event_for
+from conveyor.scheduler.operations import record_dag
 from conveyor.scheduler.runs import create_run
 from conveyor.state.store import Row, Store
 
@@ -120,10 +121,7 @@ class Engine:
         """Record the loaded DAGs (version, file, schedule, first cron tick) in the store."""
         with self.store.transaction():
             for dag in self.dags.values():
-                first = first_tick(dag, now)
-                self.store.exec("upsert_dag", dag_id=dag.dag_id, version=dag.version,
-                                file=dag.file, schedule=dag.schedule, timezone=dag.timezone,
-                                next_tick=first, now=now)
+                record_dag(self.store, dag, now)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -339,15 +337,6 @@ class Engine:
 
     def _note(self, deadline: float) -> None:
         self.on_deadline(deadline)
-
-
-def first_tick(dag: DAG, now: float) -> float | None:
-    """A new DAG's first tick: from its start date when it catches up, else after now."""
-    if not dag.schedule:
-        return None
-    if dag.catchup and dag.start_date is not None:
-        return cron.next_tick(dag.schedule, dag.start_date - 0.001, dag.timezone)
-    return cron.next_tick(dag.schedule, now, dag.timezone)
 
 
 def what_is_known(event: Event) -> dict[str, Any]:

@@ -29,12 +29,30 @@ from conveyor.state.store import Row, Store
 MARKABLE = ("success", "failed")
 
 
+def record_dag(store: Store, dag: DAG, now: float) -> None:
+    """Record a loaded DAG (version, file, schedule, first tick, run cap) in the store; a
+    tick already recorded for the same schedule is kept."""
+    with store.transaction():
+        store.exec("upsert_dag", dag_id=dag.dag_id, version=dag.version, file=dag.file,
+                   schedule=dag.schedule, timezone=dag.timezone,
+                   next_tick=first_tick(dag, now), now=now)
+        store.exec("set_max_active_runs", dag_id=dag.dag_id,
+                   max_active_runs=dag.max_active_runs)
+
+
+def first_tick(dag: DAG, now: float) -> float | None:
+    """A new DAG's first tick: from its start date when it catches up, else after now."""
+    if not dag.schedule:
+        return None
+    if dag.catchup and dag.start_date is not None:
+        return cron.next_tick(dag.schedule, dag.start_date - 0.001, dag.timezone)
+    return cron.next_tick(dag.schedule, now, dag.timezone)
+
+
 def set_paused(store: Store, dag: DAG, paused: bool, now: float) -> None:
     """Pause or unpause `dag` (recorded even if no scheduler has seen the DAG yet)."""
     with store.transaction():
-        first = cron.next_tick(dag.schedule, now, dag.timezone) if dag.schedule else None
-        store.exec("upsert_dag", dag_id=dag.dag_id, version=dag.version, file=dag.file,
-                   schedule=dag.schedule, timezone=dag.timezone, next_tick=first, now=now)
+        record_dag(store, dag, now)
         store.exec("set_paused", dag_id=dag.dag_id, paused=int(paused))
 
 
@@ -47,6 +65,7 @@ def backfill(store: Store, dag: DAG, start: float, end: float, now: float, *,
                        "use `conveyor dags trigger --logical-date` for single runs")
     if end < start:
         raise RunError("--to is before --from: give the range oldest date first")
+    record_dag(store, dag, now)      # its run cap holds before a scheduler loads it
     created: list[str] = []
     existing: list[float] = []
     tick = cron.next_tick(dag.schedule, start - 0.001, dag.timezone)

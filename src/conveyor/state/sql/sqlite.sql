@@ -162,10 +162,22 @@ SELECT t.* FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.r
 SELECT run_id FROM conveyor_runs WHERE run_id = :run_id;
 
 -- name: start_queued_runs
+-- Oldest first; not a paused DAG's, and no more of one DAG running than its
+-- max_active_runs (a backfill of a long range starts a few at a time). The state guard
+-- makes two schedulers racing start each run once.
 UPDATE conveyor_runs SET state = 'running', started_at = :now
- WHERE run_id IN (SELECT run_id FROM conveyor_runs WHERE state = 'queued'
-                     AND dag_id NOT IN (SELECT dag_id FROM conveyor_dags WHERE paused = 1)
-                   ORDER BY logical_date LIMIT :limit)
+ WHERE state = 'queued' AND run_id IN (
+    SELECT q.run_id
+      FROM (SELECT run_id, dag_id, logical_date,
+                   ROW_NUMBER() OVER (PARTITION BY dag_id ORDER BY logical_date) AS nth
+              FROM conveyor_runs WHERE state = 'queued') q
+      LEFT JOIN conveyor_dags d ON d.dag_id = q.dag_id
+     WHERE COALESCE(d.paused, 0) = 0
+       AND (d.max_active_runs IS NULL
+            OR q.nth + (SELECT COUNT(*) FROM conveyor_runs r
+                         WHERE r.dag_id = q.dag_id AND r.state = 'running')
+               <= d.max_active_runs)
+     ORDER BY q.logical_date LIMIT :limit)
 RETURNING run_id;
 
 -- name: dispatch_ready
@@ -472,3 +484,10 @@ SELECT state, COUNT(*) AS n FROM conveyor_runs GROUP BY state;
 
 -- name: tis_by_state
 SELECT state, COUNT(*) AS n FROM conveyor_task_instances GROUP BY state;
+
+-- name: migration_0007
+-- How many runs of a DAG may run at once (NULL: no limit, e.g. a DAG no scheduler loaded).
+ALTER TABLE conveyor_dags ADD COLUMN max_active_runs INTEGER;
+
+-- name: set_max_active_runs
+UPDATE conveyor_dags SET max_active_runs = :max_active_runs WHERE dag_id = :dag_id;
