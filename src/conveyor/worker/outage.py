@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from conveyor.errors import BrokerConnectionError, ConveyorError
+from conveyor.errors import BrokerConnectionError, BrokerError
 
 log = logging.getLogger("conveyor.worker")
 
@@ -69,7 +69,7 @@ class HeldSettles:
     def _check_exit(self) -> None:
         if self.exit_after and self._since is not None \
                 and time.monotonic() - self._since >= self.exit_after:
-            raise ConveyorError(
+            raise BrokerError(   # not a connection error: retrying is what it stops
                 f"the broker has been unreachable for {time.monotonic() - self._since:.0f} s, "
                 f"longer than --exit-after-outage={self.exit_after:g}: stopping; the "
                 f"{len(self._held)} message(s) whose settle was held are delivered again")
