@@ -31,6 +31,7 @@ from conveyor.config import (
 from conveyor.errors import ConfigError
 from conveyor.results.base import ResultStore
 from conveyor.worker.isolation import make_non_dumpable, resolve_task_user
+from conveyor.worker.metrics import WorkerMetrics, metrics_for
 from conveyor.worker.registry import Registry, state_url_for
 from conveyor.worker.results import ResultKeeper
 from conveyor.worker.supervisor import Supervisor, WorkerConfig
@@ -144,9 +145,11 @@ def run_worker(args: argparse.Namespace) -> int:
     if broker.weaker_guarantees:
         logging.getLogger("conveyor.worker").warning("weaker guarantees: %s",
                                                      broker.weaker_guarantees)
-    supervisor = Supervisor(config, broker, settings.codec(), results=_result_keeper(settings))
-    if config.metrics_port:
-        supervisor.metrics.serve(config.metrics_port)
+    metrics = metrics_for(config.metrics_port)
+    supervisor = Supervisor(config, broker, settings.codec(), metrics,
+                            results=_result_keeper(settings))
+    if isinstance(metrics, WorkerMetrics):
+        metrics.serve(config.metrics_port)
     registry = _register(settings, supervisor)
     try:
         return intake.run(supervisor.run) if intake else supervisor.run()

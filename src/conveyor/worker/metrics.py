@@ -1,12 +1,13 @@
 """Prometheus metrics, fed by lifecycle events in one place.
 
 The supervisor does not sprinkle counters: it hands every `Event` it emits to
-`WorkerMetrics.record`, and sets the two gauges that are state rather than events.
+`record`, and reports the state that is not an event through `runner_wait` and `load`.
+A worker without a metrics port gets `Metrics`, which records nothing: nobody could scrape
+it, and prometheus_client (with its HTTP server) is then never imported, which keeps it out
+of the supervisor's memory.
 """
 
 from __future__ import annotations
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from conveyor.events import Event
 
@@ -14,10 +15,30 @@ OUTCOMES = ("succeeded", "failed", "oom_killed", "timed_out", "dead_lettered", "
             "interrupted")
 
 
-class WorkerMetrics:
+class Metrics:
+    """What the supervisor tells its metrics; this base records nothing (no /metrics port)."""
+
+    def record(self, event: Event, queue: str, duration: float | None = None) -> None:
+        """A lifecycle event of a task on `queue` (and its run time, once it ended)."""
+
+    def runner_wait(self, seconds: float) -> None:
+        """How long an accepted delivery waited for its runner to start."""
+
+    def load(self, in_flight: int, free_slots: int) -> None:
+        """Deliveries held and runner slots free, after any change."""
+
+
+def metrics_for(port: int) -> Metrics:
+    """Prometheus metrics when they can be served on `port`, else the silent base."""
+    return WorkerMetrics() if port else Metrics()
+
+
+class WorkerMetrics(Metrics):
     """Everything a worker exports on /metrics."""
 
     def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         self.registry = CollectorRegistry()
         r = self.registry
         self.tasks = Counter("conveyor_tasks", "Task outcomes by kind and queue",
@@ -49,6 +70,15 @@ class WorkerMetrics:
         if duration is not None:
             self.duration.labels(queue).observe(duration)
 
+    def runner_wait(self, seconds: float) -> None:
+        self.fork_latency.observe(seconds)
+
+    def load(self, in_flight: int, free_slots: int) -> None:
+        self.in_flight.set(in_flight)
+        self.free_slots.set(free_slots)
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve /metrics on `port` from a daemon thread (the supervisor never forks)."""
+        from prometheus_client import start_http_server
+
         start_http_server(port, addr=addr, registry=self.registry)

@@ -32,7 +32,7 @@ from conveyor.message import Codec, Message
 from conveyor.tasks import REGISTRY
 from conveyor.worker import cgroups
 from conveyor.worker.isolation import scrub_environment
-from conveyor.worker.metrics import WorkerMetrics
+from conveyor.worker.metrics import Metrics
 from conveyor.worker.outage import HeldSettles
 from conveyor.worker.outcome import (
     Action,
@@ -99,13 +99,13 @@ class Run:
 
 class Supervisor:
     def __init__(self, config: WorkerConfig, broker: Broker, codec: Codec,
-                 metrics: WorkerMetrics | None = None, results: ResultKeeper | None = None
+                 metrics: Metrics | None = None, results: ResultKeeper | None = None
                  ) -> None:
         self.config = config
         self.results = results
         self.broker = broker
         self.codec = codec
-        self.metrics = metrics or WorkerMetrics()
+        self.metrics = metrics or Metrics()
         self.limiter = cgroups.detect()
         self.pending: deque[Run] = deque()
         self.held = HeldSettles(config.exit_after_outage)  # settles the broker could not take
@@ -259,7 +259,7 @@ class Supervisor:
             self.pending.appendleft(run)
             return
         self.running.add(run)
-        self.metrics.fork_latency.observe(run.started - run.accepted)
+        self.metrics.runner_wait(run.started - run.accepted)
         self._tell("started", m, run.delivery.queue, pid=runner.pid)
         self._gauges()
 
@@ -432,8 +432,8 @@ class Supervisor:
             log.error("could not report %s of %s to %s: %s", kind, m.label, m.reply_to, exc)
 
     def _gauges(self) -> None:
-        self.metrics.in_flight.set(len(self.running) + len(self.pending))
-        self.metrics.free_slots.set(self.config.concurrency - len(self.running))
+        self.metrics.load(len(self.running) + len(self.pending),
+                          self.config.concurrency - len(self.running))
 
 
 def _exec_report(status: int) -> dict[str, Any]:
