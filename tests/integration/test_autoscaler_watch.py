@@ -120,7 +120,11 @@ def test_takes_nothing_from_a_waiting_consumer(open_broker: Callable[[], Broker]
     waited = time.monotonic() - started
     assert delivery is not None and delivery.body == BODY
     consumer.ack(delivery)
-    watching.join(timeout=10)
+    # On RabbitMQ a watch beside another connection's consumer may wait up to 20 s for the
+    # management statistics (and raise if none come): the thread must not outlive the test,
+    # or what it raises fails whichever test runs next.
+    watching.join(timeout=60)
+    assert not watching.is_alive(), "the watch outlived its 1 s timeout by a minute"
     assert waited < 1.0
     steps.close()
 
