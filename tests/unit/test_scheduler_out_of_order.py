@@ -4,37 +4,14 @@ in only what is missing. On both stores, since the SQL is written once per datab
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import psycopg
-import pytest
-from psycopg import sql
-
 from conveyor.events import Event
 from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
-from conveyor.state.store import Store, from_url
-from tests.conftest import POSTGRES_URL, require_service
+from conveyor.state.store import Store
 from tests.support import RecordingExecutor, event
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Iterator[Store]:
-    if request.param == "sqlite":
-        opened = from_url(f"sqlite:///{tmp_path}/state.db")
-        yield opened
-        opened.close()
-        return
-    require_service("postgres")
-    opened = from_url(f"{POSTGRES_URL}?schema={unique}")
-    yield opened
-    opened.close()
-    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(unique)))
 
 
 def one_task(store: Store) -> tuple[Engine, RecordingExecutor, str]:
