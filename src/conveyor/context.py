@@ -45,6 +45,14 @@ class TaskContext:
                                f"{task_id!r} with a value (its upstream tasks: {known})")
         return self.upstream_values[task_id]
 
+    def as_environment(self) -> dict[str, str]:
+        """The context of a command task, as variables (Airflow's AIRFLOW_CTX_* are the model;
+        a prefix of their own, so none is mistaken for a CONVEYOR_* setting)."""
+        values = {"RUN_ID": self.run_id, "DAG_ID": self.dag_id, "TASK_ID": self.task_id,
+                  "ATTEMPT": str(self.attempt), "QUEUE": self.queue,
+                  "MESSAGE_ID": self.message_id, "CONF": json.dumps(dict(self.conf))}
+        return {f"CONVEYOR_CTX_{name}": value for name, value in values.items()}
+
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> TaskContext:
         """The context of a message as the supervisor hands it to a runner."""
@@ -97,6 +105,10 @@ class CurrentContext:
     @property
     def queue(self) -> str:
         return self.get().queue
+
+    @property
+    def message_id(self) -> str:
+        return self.get().message_id
 
 
 context = CurrentContext()

@@ -70,6 +70,23 @@ def test_command_workload_is_execd(broker: Broker, sqlite_url: str, q: str,
     assert "exited with code 1" in dead.reason
 
 
+def test_a_command_task_finds_its_context_in_its_environment(
+        broker: Broker, sqlite_url: str, q: str, tmp_path: Path) -> None:
+    out_file = tmp_path / "env"
+    headers = {"run": "r-1", "dag": "revenue", "task_id": "report", "conf": '{"day": "d"}'}
+    message = Message(queue=q, command=("sh", "-c", f"env > {out_file}"), attempt=2,
+                      reply_to=q + "-r", headers=headers)
+    enqueue(broker, message)
+    out = finish(start_worker(sqlite_url, q))
+    seen = dict(line.split("=", 1) for line in out_file.read_text().splitlines() if "=" in line)
+    assert {k: v for k, v in seen.items() if k.startswith("CONVEYOR_CTX_")} == {
+        "CONVEYOR_CTX_RUN_ID": "r-1", "CONVEYOR_CTX_DAG_ID": "revenue",
+        "CONVEYOR_CTX_TASK_ID": "report", "CONVEYOR_CTX_ATTEMPT": "2",
+        "CONVEYOR_CTX_QUEUE": q, "CONVEYOR_CTX_MESSAGE_ID": message.id,
+        "CONVEYOR_CTX_CONF": '{"day": "d"}'}, out
+    assert not any("BROKER" in k or "SIGNING" in k for k in seen), seen  # still scrubbed
+
+
 def test_oom_task_dies_alone_and_is_dead_lettered(broker: Broker, sqlite_url: str,
                                                   q: str) -> None:
     """Scenario 1 and 2: the hog is killed in its own cgroup, its sibling finishes, the

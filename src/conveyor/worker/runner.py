@@ -144,10 +144,11 @@ def _soft_time_limit(signum: int, frame: FrameType | None) -> None:
 def run_frame(frame: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
     """Run one task frame and return the report frame."""
     message = frame["message"]
+    task_context = TaskContext.from_wire(message)
     if message.get("command"):
-        _exec_command(message["command"], channel)
+        _exec_command(message["command"], channel, task_context.as_environment())
     try:
-        context.set(TaskContext.from_wire(message))
+        context.set(task_context)
         result = lookup(message["task"]).fn(*message.get("args", ()), **message.get("kwargs", {}))
         return {"outcome": "succeeded", "result": _json_safe(result)}
     except UnknownTask as exc:
@@ -161,11 +162,13 @@ def run_frame(frame: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
         return {"outcome": "failed", "error": _error(exc)}
 
 
-def _exec_command(command: list[str], channel: socket.socket) -> NoReturn:
-    """Replace the runner with the command; its exit status becomes the outcome."""
+def _exec_command(command: list[str], channel: socket.socket,
+                  context_env: dict[str, str]) -> NoReturn:
+    """Replace the runner with the command; its exit status becomes the outcome. It finds
+    its context in CONVEYOR_CTX_* variables."""
     frames.send(channel, {"mode": "exec"})
     try:
-        os.execvp(command[0], command)
+        os.execvpe(command[0], command, {**os.environ, **context_env})
     except OSError as exc:
         frames.send(channel, {"outcome": "failed", "error": _error(exc),
                                 "reason": f"cannot run {command[0]!r}: {exc.strerror}"})
