@@ -34,6 +34,7 @@ class TaskContext:
     run_id: str = ""
     dag_id: str = ""
     task_id: str = ""
+    logical_date: str = ""   # ISO-8601 UTC, the run's (a DAG task only)
     conf: Mapping[str, Any] = field(default_factory=dict)
     upstream_values: Mapping[str, Any] = field(default_factory=dict)
 
@@ -49,8 +50,9 @@ class TaskContext:
         """The context of a command task, as variables (Airflow's AIRFLOW_CTX_* are the model;
         a prefix of their own, so none is mistaken for a CONVEYOR_* setting)."""
         values = {"RUN_ID": self.run_id, "DAG_ID": self.dag_id, "TASK_ID": self.task_id,
-                  "ATTEMPT": str(self.attempt), "QUEUE": self.queue,
-                  "MESSAGE_ID": self.message_id, "CONF": json.dumps(dict(self.conf))}
+                  "LOGICAL_DATE": self.logical_date, "ATTEMPT": str(self.attempt),
+                  "QUEUE": self.queue, "MESSAGE_ID": self.message_id,
+                  "CONF": json.dumps(dict(self.conf))}
         return {f"CONVEYOR_CTX_{name}": value for name, value in values.items()}
 
     @classmethod
@@ -60,6 +62,7 @@ class TaskContext:
         return cls(message_id=message.get("id", ""), queue=message.get("queue", ""),
                    attempt=int(message.get("attempt", 0)), run_id=headers.get("run", ""),
                    dag_id=headers.get("dag", ""), task_id=headers.get("task_id", ""),
+                   logical_date=headers.get("logical_date", ""),
                    conf=json.loads(headers.get("conf", "{}")),
                    upstream_values=json.loads(headers.get("upstream", "{}")))
 
@@ -109,6 +112,10 @@ class CurrentContext:
     @property
     def message_id(self) -> str:
         return self.get().message_id
+
+    @property
+    def logical_date(self) -> str:
+        return self.get().logical_date
 
 
 context = CurrentContext()

@@ -73,7 +73,8 @@ def test_command_workload_is_execd(broker: Broker, sqlite_url: str, q: str,
 def test_a_command_task_finds_its_context_in_its_environment(
         broker: Broker, sqlite_url: str, q: str, tmp_path: Path) -> None:
     out_file = tmp_path / "env"
-    headers = {"run": "r-1", "dag": "revenue", "task_id": "report", "conf": '{"day": "d"}'}
+    headers = {"run": "r-1", "dag": "revenue", "task_id": "report", "conf": '{"day": "d"}',
+               "logical_date": "2026-11-23T03:00:00.000+00:00"}
     message = Message(queue=q, command=("sh", "-c", f"env > {out_file}"), attempt=2,
                       reply_to=q + "-r", headers=headers)
     enqueue(broker, message)
@@ -82,6 +83,7 @@ def test_a_command_task_finds_its_context_in_its_environment(
     assert {k: v for k, v in seen.items() if k.startswith("CONVEYOR_CTX_")} == {
         "CONVEYOR_CTX_RUN_ID": "r-1", "CONVEYOR_CTX_DAG_ID": "revenue",
         "CONVEYOR_CTX_TASK_ID": "report", "CONVEYOR_CTX_ATTEMPT": "2",
+        "CONVEYOR_CTX_LOGICAL_DATE": "2026-11-23T03:00:00.000+00:00",
         "CONVEYOR_CTX_QUEUE": q, "CONVEYOR_CTX_MESSAGE_ID": message.id,
         "CONVEYOR_CTX_CONF": '{"day": "d"}'}, out
     assert not any("BROKER" in k or "SIGNING" in k for k in seen), seen  # still scrubbed

@@ -73,6 +73,8 @@ def workload(ti: Row, events_queue: str, upstream: Mapping[str, Any] | None = No
         ref["conf"] = json.dumps(spec["conf"])
     if spec.get("dag_id"):
         ref["dag"] = spec["dag_id"]
+    if spec.get("logical_date"):
+        ref["logical_date"] = spec["logical_date"]
     if upstream:
         ref["upstream"] = json.dumps(upstream)
     values = upstream or {}

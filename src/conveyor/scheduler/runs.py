@@ -29,11 +29,13 @@ def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
     if not executors:
         raise RunError("no executor is configured: set --executors (CONVEYOR_EXECUTORS)")
     run_id = new_id(now)
-    extra = {"conf": dict(conf)} if conf else {}   # tasks see it in their 'conf' header
+    date = now if logical_date is None else logical_date
+    extra: dict[str, Any] = {"logical_date": iso(date)}   # tasks see these in their headers
+    extra |= {"conf": dict(conf)} if conf else {}
     with store.transaction():
         inserted = store.exec("insert_run", run_id=run_id, dag_id=dag.dag_id,
-                              logical_date=now if logical_date is None else logical_date,
-                              run_type=run_type, conf=json.dumps(dict(conf or {})),
+                              logical_date=date, run_type=run_type,
+                              conf=json.dumps(dict(conf or {})),
                               dag_version=dag.version or "unversioned", now=now)
         if not inserted:
             return None
