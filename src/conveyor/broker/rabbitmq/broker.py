@@ -902,18 +902,26 @@ class RabbitMQBroker(Broker):
                           lambda: self._requeue(queue, None if ids is None else set(ids)))
 
     def _requeue(self, queue: str, wanted: set[str] | None) -> int:
-        if self._passive(dead_queue(queue)) is None:
+        def move(props: BasicProperties, body: bytes) -> None:
+            self._publish(queue, body, properties(props.message_id, None), 0)
+        return self._take_dead(queue, wanted, move)
+
+    def _take_dead(self, queue: str, wanted: set[str] | None,
+                   act: Callable[[BasicProperties, bytes], None]) -> int:
+        """Walk `<queue>.dead` in order: `act` on each dead letter in `wanted` (all if None),
+        then ack it away; nack the others back, in order. How many were taken."""
+        if (wanted is not None and not wanted) or self._passive(dead_queue(queue)) is None:
             return 0
         channel = self._connection().channel()
-        moved, kept = 0, 0
+        taken, kept = 0, 0
         try:
             for method, props, body in _drain(channel, dead_queue(queue)):
                 if wanted is not None and dead_id(props, body) not in wanted:
                     kept = method.delivery_tag
                     continue
-                self._publish(queue, body, properties(props.message_id, None), 0)
+                act(props, body)
                 channel.basic_ack(method.delivery_tag)
-                moved += 1
+                taken += 1
                 if wanted is not None:
                     wanted.discard(dead_id(props, body))
                     if not wanted:
@@ -922,7 +930,7 @@ class RabbitMQBroker(Broker):
                 channel.basic_nack(kept, multiple=True, requeue=True)
         finally:
             _close_quietly(channel)
-        return moved
+        return taken
 
     def purge_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Delete dead letters: all (queue.purge of `<queue>.dead`) or those in `ids`."""
@@ -934,25 +942,7 @@ class RabbitMQBroker(Broker):
 
     def _delete_dead(self, queue: str, wanted: set[str]) -> int:
         """Ack (delete) the dead letters in `wanted`; nack the others back in order."""
-        if not wanted or self._passive(dead_queue(queue)) is None:
-            return 0
-        channel = self._connection().channel()
-        deleted, kept = 0, 0
-        try:
-            for method, props, body in _drain(channel, dead_queue(queue)):
-                if dead_id(props, body) not in wanted:
-                    kept = method.delivery_tag
-                    continue
-                channel.basic_ack(method.delivery_tag)
-                deleted += 1
-                wanted.discard(dead_id(props, body))
-                if not wanted:
-                    break
-            if kept:
-                channel.basic_nack(kept, multiple=True, requeue=True)
-        finally:
-            _close_quietly(channel)
-        return deleted
+        return self._take_dead(queue, wanted, lambda props, body: None)
 
     def purge(self, queue: str) -> int:
         """Purge the queue, its delay levels and its dead letters (in-flight ones stay)."""
