@@ -29,6 +29,7 @@ from conveyor.errors import (
     TaskFailed,
     UnknownTask,
 )
+from conveyor.flow import Limit, Rate
 from conveyor.message import Message
 from conveyor.results.handle import ResultHandle
 from conveyor.scheduler.dag import DAG, TaskNode
@@ -53,8 +54,10 @@ __all__ = [
     "ConveyorError",
     "DagError",
     "DeadLettered",
+    "Limit",
     "Message",
     "MessageError",
+    "Rate",
     "ResultError",
     "ResultHandle",
     "ResultTimeout",

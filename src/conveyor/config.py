@@ -265,6 +265,7 @@ class Settings:
     result_url: str = ""
     result_ttl: float = 86400.0
     result_max_bytes: int = DEFAULT_MAX_BYTES
+    limits_url: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -310,6 +311,9 @@ SETTINGS_HELP = {
                   "(default: the broker's Redis, else the state store)",
     "result_ttl": "seconds a stored task result is kept",
     "result_max_bytes": "largest task result stored; a task returning more fails",
+    "limits_url": "where flow-control limits are kept: redis://…, sqlite:///… or "
+                  "postgresql://… (default: the broker unless it is RabbitMQ or kombu, then "
+                  "the state store)",
 }
 
 
@@ -410,7 +414,8 @@ def size(text: str) -> int:
 
 #: What each `Settings` field may be (the others are free text).
 SETTINGS_KINDS: dict[str, Callable[[str], Any]] = {
-    "broker_url": url, "state_url": url, "result_url": url, "max_message_bytes": size,
+    "broker_url": url, "state_url": url, "result_url": url, "limits_url": url,
+    "max_message_bytes": size,
     "result_max_bytes": size, "result_ttl": positive_seconds,
 }
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from conveyor.config import parse_size
 from conveyor.errors import ConveyorError, UnknownTask
+from conveyor.flow import LIMITS_HEADER, Limit, Rate, check_templates, encode, resolve
 from conveyor.message import Message
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class TaskOptions:
     memory_limit: int = 0
     priority: int = 0
     store_result: bool = True
+    limits: tuple[Limit | Rate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,11 @@ class Task(Generic[P, R]):
                        priority=o.priority, time_limit=o.time_limit,
                        soft_time_limit=o.soft_time_limit, memory_limit=o.memory_limit,
                        max_retries=o.max_retries)
+        if o.limits:
+            specs = resolve(self.fn, o.limits, args, kwargs or {})
+            base = replace(base, headers={LIMITS_HEADER: encode(specs)})
+        if "headers" in fields and base.headers:
+            fields["headers"] = {**base.headers, **fields["headers"]}
         return replace(base, **fields)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> ResultHandle:
@@ -98,11 +105,18 @@ REGISTRY: dict[str, Task[Any, Any]] = {}
 def task(fn: Callable[P, R] | None = None, *, name: str | None = None, queue: str = "default",
          max_retries: int = 3, retry_backoff: float = 1.0, retry_backoff_max: float = 300.0,
          time_limit: float = 0.0, soft_time_limit: float = 0.0, memory_limit: int | str = 0,
-         priority: int = 0, store_result: bool = True) -> Any:
+         priority: int = 0, store_result: bool = True,
+         concurrency: Limit | Sequence[Limit] = (), rate: Rate | Sequence[Rate] = ()) -> Any:
     """Register `fn` as a task (usable bare, `@task`, or with options, `@task(queue=...)`).
 
     `store_result=False`: nobody will ask for the value, so the worker never writes it.
+    `concurrency=Limit(key="tenant:{tenant_id}", max=2)` and `rate=Rate(key="api",
+    per_second=10)`: flow control across every worker (see `conveyor.flow`); a key template
+    naming an argument the function does not have is an error here, at decoration.
     """
+    limits: tuple[Limit | Rate, ...] = (
+        *((concurrency,) if isinstance(concurrency, Limit) else tuple(concurrency)),
+        *((rate,) if isinstance(rate, Rate) else tuple(rate)))
 
     def register(f: Callable[P, R]) -> Task[P, R]:
         options = TaskOptions(
@@ -111,7 +125,8 @@ def task(fn: Callable[P, R] | None = None, *, name: str | None = None, queue: st
             retry_backoff_max=retry_backoff_max, time_limit=time_limit,
             soft_time_limit=soft_time_limit,
             memory_limit=parse_size(memory_limit, "memory_limit"), priority=priority,
-            store_result=store_result)
+            store_result=store_result, limits=limits)
+        check_templates(f, limits)
         registered: Task[P, R] = Task(f, options)
         REGISTRY[options.name] = registered
         return registered

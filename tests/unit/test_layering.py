@@ -3,8 +3,9 @@
 Layers, bottom to top (a module may import its own layer's base modules and any layer
 below, never above; sibling packages of one layer stay apart):
 
-    base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles, context
-    carriers: broker, state
+    base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles, context,
+              flow
+    carriers: broker, state, limits (flow control's store)
     results:  results (task results: Redis keys beside a broker, or a state-store table)
     client:   client (publishes through a broker, reads results)
     parts:    worker, scheduler, autoscaler, celery_intake
@@ -25,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2] / "src" / "conveyor"
 LAYERS = [
     {"config", "errors", "message", "tasks", "retry", "logs", "events", "locations", "sqlfiles",
-     "context"},
-    {"broker", "state"},
+     "context", "flow"},
+    {"broker", "state", "limits"},
     {"results"},
     {"client"},
     {"worker", "scheduler", "autoscaler", "celery_intake"},

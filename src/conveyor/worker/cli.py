@@ -12,10 +12,11 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from conveyor import broker as brokers
-from conveyor import results
+from conveyor import limits, results
 from conveyor.config import (
     Renamed,
     Settings,
@@ -29,6 +30,7 @@ from conveyor.config import (
     url,
 )
 from conveyor.errors import ConfigError
+from conveyor.limits import Limiter
 from conveyor.results.base import ResultStore
 from conveyor.worker.isolation import make_non_dumpable, resolve_task_user
 from conveyor.worker.metrics import WorkerMetrics, metrics_for
@@ -147,7 +149,7 @@ def run_worker(args: argparse.Namespace) -> int:
                                                      broker.weaker_guarantees)
     metrics = metrics_for(config.metrics_port)
     supervisor = Supervisor(config, broker, settings.codec(), metrics,
-                            results=_result_keeper(settings))
+                            results=_result_keeper(settings), limiter=_limiter(settings))
     if isinstance(metrics, WorkerMetrics):
         metrics.serve(config.metrics_port)
     registry = _register(settings, supervisor)
@@ -163,6 +165,12 @@ def _result_keeper(settings: Settings) -> ResultKeeper:
     def open_store() -> ResultStore:
         return results.from_url(results.url_for(settings))
     return ResultKeeper(open_store, settings.result_ttl, settings.result_max_bytes)
+
+
+def _limiter(settings: Settings) -> Callable[[], Limiter]:
+    """Flow control's store, opened on the first limited message (see worker/flow.py)."""
+    where = limits.url_for(settings.broker_url, settings.state_url, settings.limits_url)
+    return lambda: limits.from_url(where)
 
 
 def _warn_about_shape(uid: int | None) -> None:

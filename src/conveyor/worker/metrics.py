@@ -27,6 +27,10 @@ class Metrics:
     def load(self, in_flight: int, free_slots: int) -> None:
         """Deliveries held and runner slots free, after any change."""
 
+    def limit_denied(self, key: str, verdict: str) -> None:
+        """A limited message could not start: its key was full ("parked") or its rate
+        had no token ("delayed")."""
+
 
 def metrics_for(port: int) -> Metrics:
     """Prometheus metrics when they can be served on `port`, else the silent base."""

@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
@@ -28,9 +28,12 @@ from typing import Any
 from conveyor.broker import Broker, Delivery
 from conveyor.errors import BrokerConnectionError, ConveyorError, LeaseLost, MessageError
 from conveyor.events import Event
+from conveyor.flow import LIMITS_HEADER, Spec, limits_of
+from conveyor.limits import Limiter
 from conveyor.message import Codec, Message
 from conveyor.tasks import REGISTRY
 from conveyor.worker import cgroups
+from conveyor.worker.flow import Gate
 from conveyor.worker.isolation import scrub_environment
 from conveyor.worker.metrics import Metrics
 from conveyor.worker.outage import HeldSettles
@@ -89,6 +92,7 @@ class Run:
     hard_timed_out: bool = False
     interrupted: bool = False
     runner: Runner | None = None
+    limits: list[Spec] = field(default_factory=list)
 
     @property
     def log_label(self) -> str:
@@ -99,14 +103,16 @@ class Run:
 
 class Supervisor:
     def __init__(self, config: WorkerConfig, broker: Broker, codec: Codec,
-                 metrics: Metrics | None = None, results: ResultKeeper | None = None
-                 ) -> None:
+                 metrics: Metrics | None = None, results: ResultKeeper | None = None,
+                 limiter: Callable[[], Limiter] | None = None) -> None:
         self.config = config
         self.results = results
         self.broker = broker
         self.codec = codec
         self.metrics = metrics or Metrics()
         self.limiter = cgroups.detect()
+        self.gate = Gate(limiter, broker, codec, self.metrics.limit_denied) \
+            if limiter is not None else None
         self.pending: deque[Run] = deque()
         self.held = HeldSettles(config.exit_after_outage)  # settles the broker could not take
         self.running: set[Run] = set()
@@ -179,16 +185,20 @@ class Supervisor:
             return False
         # in flight elsewhere counts: a crashed worker's lease may expire into our hands
         return all(d.active + d.delayed == 0
-                   for d in (self.broker.depth(q) for q in self.config.queues))
+                   for d in (self.broker.depth(q) for q in self.config.queues)) \
+            and (self.gate is None or self.gate.waiting() == 0)
 
     def _stop(self) -> None:
         for run in list(self.pending):
             self._settle(run, Action("requeue", reason="worker stopped"), None)
+            self._release(run)
         if self.held:
             log.warning("stopping with %d settle(s) the broker never took: those messages are "
                         "delivered again", len(self.held))
         self.pool.close()
         self.limiter.close()
+        if self.gate is not None:
+            self.gate.close()
         self.broker.close()
         if self.results is not None:
             self.results.close()
@@ -212,8 +222,37 @@ class Supervisor:
             self._reject(delivery, f"unknown task {message.task!r}: no module given with "
                                    f"--app registers it", message)
             return
-        self.pending.append(Run(delivery, replace(message, deliveries=delivery.delivery_count),
-                                budget))
+        message = replace(message, deliveries=delivery.delivery_count)
+        limits = self._limits_of(delivery, message)
+        if limits is None:
+            return
+        self.pending.append(Run(delivery, message, budget, limits=limits))
+
+    def _limits_of(self, delivery: Delivery, message: Message) -> list[Spec] | None:
+        """The message's limits once admitted ([] when it has none); None when it was
+        parked, delayed or rejected instead (see worker/flow.py)."""
+        if LIMITS_HEADER not in message.headers:
+            return []  # the unlimited path: the limiter's store is never touched
+        try:
+            specs = limits_of(message.headers)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._reject(delivery, f"bad limits header: {exc}", message)
+            return None
+        if self.gate is None:
+            log.warning("%s has limits but this worker has no limiter: running it unlimited",
+                        message.id)
+            return []
+        try:
+            return specs if self.gate.admit(delivery, message, specs) else None
+        except LeaseLost as exc:
+            log.warning("%s: %s", message.id, exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - the limiter store's own errors
+            log.error("could not admit %s through its limits (%s); it is given back",
+                      message.id, exc)
+            self.held.settle(f"giving back {message.id}",
+                             lambda: self.broker.retry_later(delivery, 1.0))
+            return None
 
     def _budget(self, message: Message) -> Budget:
         c = self.config
@@ -296,6 +335,7 @@ class Supervisor:
             if keeper is not None:  # stored before the ack: see worker/results.py
                 action = keeper.keep(run.message, outcome, action)
             self._settle(run, action, outcome)
+            self._release(run)
             self.pool.release(runner)
             self._gauges()
 
@@ -350,6 +390,10 @@ class Supervisor:
         except LeaseLost as exc:
             log.warning("%s: %s", run.log_label, exc)
 
+    def _release(self, run: Run) -> None:
+        if run.limits and self.gate is not None:
+            self.gate.release(run.message.id, run.limits)
+
     # -- time: limits, heartbeats, drain ----------------------------------------------------
 
     def _check_timers(self, now: float) -> None:
@@ -363,6 +407,8 @@ class Supervisor:
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_interval
             self._heartbeat()
+        if self.gate is not None:
+            self.gate.tick(time.time())
         if self.draining_since is not None and (
                 self.cold or now - self.draining_since >= self.config.drain_timeout):
             self._interrupt_all()
@@ -373,6 +419,7 @@ class Supervisor:
             run.runner.signal(signal.SIGKILL)
 
     def _heartbeat(self) -> None:
+        self._renew_limits()
         for run in [*self.running, *self.pending]:
             try:
                 self.broker.extend_lease(run.delivery)
@@ -383,6 +430,15 @@ class Supervisor:
                 return
             if run in self.running:
                 self._tell("heartbeat", run.message, run.delivery.queue)
+
+    def _renew_limits(self) -> None:
+        held = [(r.message.id, r.limits) for r in [*self.running, *self.pending] if r.limits]
+        if held and self.gate is not None:
+            try:
+                self.gate.renew(held)
+            except Exception as exc:  # noqa: BLE001 - the limiter store's own errors
+                log.warning("could not renew limit tokens (%s); they lapse with the lease",
+                            exc)
 
     def _interrupt_all(self) -> None:
         why = ("cold stop: a second stop signal came while draining" if self.cold else

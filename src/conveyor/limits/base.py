@@ -1,0 +1,134 @@
+"""The limiter seam: one small interface, one module per store where its state is atomic.
+
+Semantics every backend keeps (checked by one contract suite, `tests/contract/`):
+
+* `admit` takes all of a message's limits at once or none: concurrency tokens are held by
+  the message id (a redelivered attempt re-admits idempotently and never counts twice) and
+  expire `lease` seconds after they were taken or renewed, so a worker killed with -9 gives
+  them back when its lease lapses;
+* a message whose concurrency key is full is parked in that key's waiting area (durably,
+  once per message id) and holds nothing; the worker then acks it off the broker, so it
+  occupies no slot and nobody spins on it;
+* a rate-limited message is given a reservation (GCRA: a token bucket with `burst`) and is
+  told how long to wait; the worker re-publishes it with that delay, marked as reserved;
+* `release` (and `sweep`, for tokens whose lease lapsed) hands each freed token straight to
+  the oldest parked message of its key and returns those messages to be published again;
+  they stay in the store, marked moving, until `moved` says they were published, and a
+  later `sweep` offers them again if that never came (at-least-once, never loss).
+
+Times are Unix seconds passed in by the caller (`now`), never read from a clock in here.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from conveyor.flow import Spec
+
+#: A rate delay shorter than this is not worth a round trip through the broker.
+RATE_SLACK = 0.005
+
+
+@dataclass(frozen=True)
+class Parcel:
+    """A message as the limiter keeps it: enough to publish it again as it was."""
+
+    id: str
+    queue: str
+    body: bytes
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `admit` decided: "run", "parked" (on `key`) or "delayed" (by `delay` seconds)."""
+
+    verdict: str
+    key: str = ""
+    delay: float = 0.0
+
+    @property
+    def granted(self) -> bool:
+        return self.verdict == "run"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One key as `conveyor limits list` and /metrics show it."""
+
+    key: str
+    in_use: int
+    waiting: int
+    denied: int
+    max: int | None = None
+    per_second: float | None = None
+    burst: int | None = None
+    overridden: bool = False
+
+
+@dataclass(frozen=True)
+class Override:
+    """A limit set at run time (`conveyor limits set`); it wins over the declared one."""
+
+    max: int | None = None
+    per_second: float | None = None
+    burst: int | None = None
+
+
+class Limiter(abc.ABC):
+    """Global concurrency and rate limits, shared by every worker through one store."""
+
+    @abc.abstractmethod
+    def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
+              rate_reserved: bool = False) -> Decision:
+        """Take every limit of `specs` for `parcel.id`, or park it, or delay it."""
+
+    @abc.abstractmethod
+    def release(self, holder: str, specs: Sequence[Spec], now: float,
+                lease: float) -> list[Parcel]:
+        """Give back `holder`'s tokens; the parked messages they were handed to."""
+
+    @abc.abstractmethod
+    def renew(self, held: Sequence[tuple[str, Sequence[Spec]]], now: float,
+              lease: float) -> None:
+        """Heartbeat: keep each (holder, specs)'s tokens `lease` seconds more."""
+
+    @abc.abstractmethod
+    def sweep(self, now: float, lease: float) -> list[Parcel]:
+        """Free lapsed tokens; the parked messages handed a token, and moving ones whose
+        publication was never confirmed."""
+
+    @abc.abstractmethod
+    def moved(self, ids: Sequence[str]) -> None:
+        """These handed-over messages are on their queues again: forget them."""
+
+    # -- operators ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def set_limit(self, key: str, override: Override) -> None:
+        """Override the declared limit of `key` (fields left None keep theirs)."""
+
+    @abc.abstractmethod
+    def clear(self, key: str) -> bool:
+        """Drop `key`'s override; whether there was one."""
+
+    @abc.abstractmethod
+    def usage(self, now: float) -> list[Usage]:
+        """Every key known to the store, by name."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+
+def gcra(tat: float, now: float, per_second: float, burst: int) -> tuple[float, float]:
+    """(start, new_tat): when a request arriving at `now` may start, and the bucket after.
+
+    The generic cell rate algorithm: one theoretical arrival time per key; a request may
+    start at max(now, tat - (burst - 1) * interval) and pushes tat one interval on.
+    """
+    interval = 1.0 / per_second
+    start = max(now, tat - (burst - 1) * interval)
+    return start, max(tat, now) + interval

@@ -1,0 +1,188 @@
+-- The Redis limiter: every operation is one call of this script, so each is atomic.
+-- ARGV[1] prefix, ARGV[2] operation, ARGV[3] now (Unix seconds), ARGV[4] lease (seconds).
+-- Keys (all under the prefix P):
+--   P:keys         set of every key seen            P:decl   hash key -> declared spec (JSON)
+--   P:set:<key>    hash max/per_second/burst set at run time (wins over the declared spec)
+--   P:tok:<key>    zset holder -> token expiry      P:w:<key> hash holder -> weight
+--   P:park:<key>   zset id -> arrival sequence (the waiting area, oldest first)
+--   P:pm / P:pb    hash id -> parked meta (JSON: queue, priority, key, weight) / body
+--   P:moving       zset id -> deadline: handed a token, not yet confirmed published
+--   P:rate:<key>   GCRA theoretical arrival time    P:denied hash key -> times denied
+local P = ARGV[1]
+local op = ARGV[2]
+local now = tonumber(ARGV[3])
+local lease = tonumber(ARGV[4])
+
+local function override(key, field)
+  local v = redis.call('HGET', P .. ':set:' .. key, field)
+  if v then return tonumber(v) end
+  return nil
+end
+
+local function max_of(key, declared)
+  return override(key, 'max') or declared
+end
+
+local function declared_max(key)
+  local d = redis.call('HGET', P .. ':decl', key)
+  if d then return cjson.decode(d).max or 1 end
+  return 1
+end
+
+local function purge(key)
+  local tk = P .. ':tok:' .. key
+  local gone = redis.call('ZRANGEBYSCORE', tk, '-inf', '(' .. now)
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', tk, '-inf', '(' .. now)
+    redis.call('HDEL', P .. ':w:' .. key, unpack(gone))
+  end
+end
+
+local function used(key)
+  local total = 0
+  for _, w in ipairs(redis.call('HVALS', P .. ':w:' .. key)) do total = total + tonumber(w) end
+  return total
+end
+
+local function grant(key, holder, weight)
+  redis.call('ZADD', P .. ':tok:' .. key, now + lease, holder)
+  redis.call('HSET', P .. ':w:' .. key, holder, weight)
+end
+
+local function drop(key, holder)
+  redis.call('ZREM', P .. ':tok:' .. key, holder)
+  redis.call('HDEL', P .. ':w:' .. key, holder)
+end
+
+-- hand free tokens of `key` to its oldest parked messages; append them to `out`
+local function unpark(key, out)
+  local limit = max_of(key, declared_max(key))
+  local u = used(key)
+  while true do
+    local first = redis.call('ZRANGE', P .. ':park:' .. key, 0, 0)
+    if #first == 0 then break end
+    local id = first[1]
+    local meta = cjson.decode(redis.call('HGET', P .. ':pm', id))
+    if u + meta.w > limit then break end
+    redis.call('ZREM', P .. ':park:' .. key, id)
+    grant(key, id, meta.w)
+    u = u + meta.w
+    redis.call('ZADD', P .. ':moving', now + lease, id)
+    table.insert(out, {id, meta.q, tostring(meta.p), redis.call('HGET', P .. ':pb', id)})
+  end
+end
+
+local function flatten(parcels)
+  local flat = {}
+  for _, p in ipairs(parcels) do
+    for _, v in ipairs(p) do table.insert(flat, v) end
+  end
+  return flat
+end
+
+if op == 'admit' then
+  local specs = cjson.decode(ARGV[5])
+  local holder, queue, body, priority = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+  local reserved, slack = ARGV[10] == '1', tonumber(ARGV[11])
+  local full, full_weight = nil, 1
+  for _, s in ipairs(specs) do
+    redis.call('SADD', P .. ':keys', s.key)
+    redis.call('HSET', P .. ':decl', s.key, cjson.encode(s))
+    if s.k == 'c' then
+      purge(s.key)
+      if not redis.call('ZSCORE', P .. ':tok:' .. s.key, holder) and full == nil
+          and used(s.key) + s.w > max_of(s.key, s.max) then
+        full, full_weight = s.key, s.w
+      end
+    end
+  end
+  if full then
+    for _, s in ipairs(specs) do
+      if s.k == 'c' then drop(s.key, holder) end
+    end
+    redis.call('ZREM', P .. ':moving', holder)
+    if redis.call('ZSCORE', P .. ':park:' .. full, holder) == false then
+      redis.call('ZADD', P .. ':park:' .. full, redis.call('INCR', P .. ':seq'), holder)
+      redis.call('HSET', P .. ':pm', holder,
+                 cjson.encode({q = queue, p = tonumber(priority), k = full, w = full_weight}))
+      redis.call('HSET', P .. ':pb', holder, body)
+    end
+    redis.call('HINCRBY', P .. ':denied', full, 1)
+    return {'parked', full, '0'}
+  end
+  if not reserved then
+    local delay, late = 0, {}
+    for _, s in ipairs(specs) do
+      if s.k == 'r' then
+        local ps = override(s.key, 'per_second') or s.ps
+        local burst = override(s.key, 'burst') or s.b
+        local interval = 1.0 / ps
+        local tat = tonumber(redis.call('GET', P .. ':rate:' .. s.key) or '0')
+        local start = math.max(now, tat - (burst - 1) * interval)
+        local next_tat = math.max(tat, now) + interval
+        redis.call('SET', P .. ':rate:' .. s.key, tostring(next_tat),
+                   'PX', math.ceil((next_tat - now) * 1000) + 1000)
+        if start - now > slack then table.insert(late, s.key) end
+        delay = math.max(delay, start - now)
+      end
+    end
+    if delay > slack then
+      for _, key in ipairs(late) do redis.call('HINCRBY', P .. ':denied', key, 1) end
+      return {'delayed', '', tostring(delay)}
+    end
+  end
+  for _, s in ipairs(specs) do
+    if s.k == 'c' then
+      grant(s.key, holder, s.w)
+      if redis.call('ZREM', P .. ':park:' .. s.key, holder) == 1 then
+        redis.call('HDEL', P .. ':pm', holder)
+        redis.call('HDEL', P .. ':pb', holder)
+      end
+    end
+  end
+  return {'run', '', '0'}
+end
+
+if op == 'release' then
+  local holder, out = ARGV[5], {}
+  for i = 6, #ARGV do
+    drop(ARGV[i], holder)
+    purge(ARGV[i])
+    unpark(ARGV[i], out)
+  end
+  return flatten(out)
+end
+
+if op == 'renew' then
+  for i = 5, #ARGV, 2 do
+    redis.call('ZADD', P .. ':tok:' .. ARGV[i], 'XX', now + lease, ARGV[i + 1])
+  end
+  return 0
+end
+
+if op == 'sweep' then
+  local out = {}
+  for _, key in ipairs(redis.call('SMEMBERS', P .. ':keys')) do
+    purge(key)
+    unpark(key, out)
+  end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. ':moving', '-inf', '(' .. now)) do
+    local meta = cjson.decode(redis.call('HGET', P .. ':pm', id))
+    redis.call('ZADD', P .. ':moving', now + lease, id)
+    redis.call('ZADD', P .. ':tok:' .. meta.k, 'XX', now + lease, id)
+    table.insert(out, {id, meta.q, tostring(meta.p), redis.call('HGET', P .. ':pb', id)})
+  end
+  return flatten(out)
+end
+
+if op == 'moved' then
+  for i = 5, #ARGV do
+    if redis.call('ZREM', P .. ':moving', ARGV[i]) == 1 then
+      redis.call('HDEL', P .. ':pm', ARGV[i])
+      redis.call('HDEL', P .. ':pb', ARGV[i])
+    end
+  end
+  return 0
+end
+
+return redis.error_reply('unknown limiter operation ' .. tostring(op))

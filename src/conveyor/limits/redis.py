@@ -1,0 +1,120 @@
+"""The Redis limiter: every operation is one Lua script call (`lua/limits.lua`), so each is
+atomic on the server however many workers call it at once.
+
+URL: the broker's own, `redis://host:6379/0?prefix=conveyor`: keys live under
+`<prefix>:limits:`. Clocks: times are the callers' (`now`); workers on machines whose clocks
+disagree by more than a fraction of a lease should run NTP, as for any lease.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+
+from conveyor.errors import ConfigError
+from conveyor.flow import Spec, encode
+from conveyor.limits.base import RATE_SLACK, Decision, Limiter, Override, Parcel, Usage
+from conveyor.locations import redact
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(URL for redis-py, key prefix)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = dict(query).get("prefix", "conveyor")
+    if not prefix or any(c.isspace() for c in prefix):
+        raise ConfigError(f"limits URL {redact(url)!r}: prefix={prefix!r} must be a "
+                          "non-empty word")
+    rest = [(k, v) for k, v in query if k not in ("prefix", "retry_seconds")]
+    return urlunsplit(parts._replace(query=urlencode(rest))), prefix
+
+
+class RedisLimiter(Limiter):
+    """Limits kept in Redis beside (or apart from) the broker's keys."""
+
+    def __init__(self, url: str) -> None:
+        plain, prefix = parse_url(url)
+        self.prefix = f"{prefix}:limits"
+        self._redis: Any = redis.Redis.from_url(plain)
+        text = resources.files("conveyor.limits").joinpath("lua/limits.lua").read_text()
+        self._script = self._redis.register_script(text)
+
+    def _call(self, op: str, now: float, lease: float, *args: Any) -> Any:
+        return self._script(args=[self.prefix, op, repr(now), repr(lease), *args])
+
+    def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
+              rate_reserved: bool = False) -> Decision:
+        verdict, key, delay = self._call(
+            "admit", now, lease, encode(specs), parcel.id, parcel.queue, parcel.body,
+            str(parcel.priority), "1" if rate_reserved else "0", repr(RATE_SLACK))
+        return Decision(verdict.decode(), key.decode(), float(delay))
+
+    def release(self, holder: str, specs: Sequence[Spec], now: float,
+                lease: float) -> list[Parcel]:
+        keys = [s.key for s in specs if s.kind == "c"]
+        if not keys:
+            return []
+        return _parcels(self._call("release", now, lease, holder, *keys))
+
+    def renew(self, held: Sequence[tuple[str, Sequence[Spec]]], now: float,
+              lease: float) -> None:
+        pairs = [part for holder, specs in held for s in specs if s.kind == "c"
+                 for part in (s.key, holder)]
+        if pairs:
+            self._call("renew", now, lease, *pairs)
+
+    def sweep(self, now: float, lease: float) -> list[Parcel]:
+        return _parcels(self._call("sweep", now, lease))
+
+    def moved(self, ids: Sequence[str]) -> None:
+        if ids:
+            self._call("moved", 0.0, 0.0, *ids)
+
+    def set_limit(self, key: str, override: Override) -> None:
+        values = {k: repr(v) for k, v in (("max", override.max),
+                                          ("per_second", override.per_second),
+                                          ("burst", override.burst)) if v is not None}
+        pipe = self._redis.pipeline()
+        pipe.hset(f"{self.prefix}:set:{key}", mapping=values)
+        pipe.sadd(f"{self.prefix}:keys", key)
+        pipe.execute()
+
+    def clear(self, key: str) -> bool:
+        return bool(self._redis.delete(f"{self.prefix}:set:{key}"))
+
+    def usage(self, now: float) -> list[Usage]:
+        p, r = self.prefix, self._redis
+        out = []
+        for key in sorted(k.decode() for k in r.smembers(f"{p}:keys")):
+            live = r.zrangebyscore(f"{p}:tok:{key}", now, "+inf")
+            weights = r.hmget(f"{p}:w:{key}", live) if live else []
+            decl = json.loads(r.hget(f"{p}:decl", key) or b"{}")
+            over = {k.decode(): v.decode() for k, v in r.hgetall(f"{p}:set:{key}").items()}
+            out.append(Usage(key, sum(int(w or 1) for w in weights),
+                             int(r.zcard(f"{p}:park:{key}")),
+                             int(r.hget(f"{p}:denied", key) or 0), **_shown(decl, over)))
+        return out
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def _shown(decl: dict[str, Any], over: dict[str, str]) -> dict[str, Any]:
+    """The limit in force for `conveyor limits list`: the override, else the declared."""
+    shown: dict[str, Any] = {"overridden": bool(over)}
+    if "max" in over or decl.get("k") == "c":
+        shown["max"] = int(float(over.get("max", decl.get("max", 0))))
+    if "per_second" in over or decl.get("k") == "r":
+        shown["per_second"] = float(over.get("per_second", decl.get("ps", 0)))
+        shown["burst"] = int(float(over.get("burst", decl.get("b", 1))))
+    return shown
+
+
+def _parcels(flat: list[bytes]) -> list[Parcel]:
+    return [Parcel(flat[i].decode(), flat[i + 1].decode(), flat[i + 3], int(flat[i + 2]))
+            for i in range(0, len(flat), 4)]

@@ -1,0 +1,314 @@
+"""The SQL limiters: SQLite (the embedded default) and Postgres, one algorithm for both.
+
+Every operation is one transaction that first takes the store's write lock: `BEGIN
+IMMEDIATE` on SQLite, a transaction-scoped advisory lock per schema on Postgres. Limiter
+operations are a few small statements each, so one lock for all keys costs little and can
+never deadlock; what it buys is that "is there room?" and "take it" are one step.
+
+Tables (`sql/limits.sql`): keys (declared spec, run-time override, GCRA state, denied count),
+tokens (key, holder, weight, expiry) and parked messages (the waiting areas).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+import re
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from conveyor import sqlfiles
+from conveyor.errors import ConfigError
+from conveyor.flow import Spec
+from conveyor.limits.base import (
+    RATE_SLACK,
+    Decision,
+    Limiter,
+    Override,
+    Parcel,
+    Usage,
+    gcra,
+)
+from conveyor.locations import path_from_url, redact
+
+Q = sqlfiles.load("conveyor.limits", "sql/limits.sql")
+_PARAM = re.compile(r":(\w+)")
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+class Tx(Protocol):
+    """One open transaction: run a named query, get its rows."""
+
+    def rows(self, name: str, **params: Any) -> list[Any]: ...
+
+
+class SqlLimiter(Limiter):
+    """The algorithm, over a `_transaction` each store supplies."""
+
+    dialect = ""
+
+    @abc.abstractmethod
+    def _transaction(self) -> contextlib.AbstractContextManager[Tx]:
+        """One transaction holding the store's write lock."""
+
+    def _do(self, fn: Callable[[Tx], Any]) -> Any:
+        with self._transaction() as tx:
+            return fn(tx)
+
+    # -- the seam -----------------------------------------------------------------------
+
+    def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
+              rate_reserved: bool = False) -> Decision:
+        return self._do(lambda tx: self._admit(tx, parcel, specs, now, lease, rate_reserved))
+
+    def _admit(self, tx: Tx, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float,
+               reserved: bool) -> Decision:
+        rows = {s.key: tx.rows("declare", key=s.key, declared=json.dumps(s.wire()))[0]
+                for s in specs}
+        full = self._full(tx, parcel.id, specs, rows, now)
+        if full is not None:
+            self._park(tx, parcel, specs, full)
+            return Decision("parked", full.key)
+        if not reserved:
+            delay = self._reserve_rates(tx, specs, rows, now)
+            if delay > RATE_SLACK:
+                return Decision("delayed", delay=delay)
+        for s in specs:
+            if s.kind == "c":
+                tx.rows("grant", key=s.key, holder=parcel.id, weight=s.weight,
+                        expires=now + lease)
+                tx.rows("unpark_drop", id=parcel.id, key=s.key)
+        return Decision("run")
+
+    def _full(self, tx: Tx, holder: str, specs: Sequence[Spec], rows: dict[str, Any],
+              now: float) -> Spec | None:
+        for s in specs:
+            if s.kind != "c":
+                continue
+            tx.rows("purge", key=s.key, now=now)
+            if tx.rows("holds", key=s.key, holder=holder):
+                continue
+            limit = rows[s.key][0] if rows[s.key][0] is not None else s.max
+            if tx.rows("used", key=s.key)[0][0] + s.weight > limit:
+                return s
+        return None
+
+    def _park(self, tx: Tx, parcel: Parcel, specs: Sequence[Spec], full: Spec) -> None:
+        for s in specs:
+            if s.kind == "c":
+                tx.rows("drop", key=s.key, holder=parcel.id)
+        state = tx.rows("parked_state", id=parcel.id)
+        if not state:
+            tx.rows("park", id=parcel.id, key=full.key, seq=self._seq(tx), queue=parcel.queue,
+                    body=parcel.body, priority=parcel.priority, weight=full.weight)
+        elif state[0][1] is not None or state[0][0] != full.key:  # moving, or parked elsewhere
+            tx.rows("repark", id=parcel.id, key=full.key, seq=self._seq(tx))
+        tx.rows("deny", key=full.key)
+
+    def _seq(self, tx: Tx) -> int:
+        return int(tx.rows(f"next_seq_{self.dialect}")[0][0])
+
+    def _reserve_rates(self, tx: Tx, specs: Sequence[Spec], rows: dict[str, Any],
+                       now: float) -> float:
+        delay = 0.0
+        for s in specs:
+            if s.kind != "r":
+                continue
+            _, per_second, burst, tat = rows[s.key]
+            start, new_tat = gcra(tat, now, per_second or s.per_second, burst or s.burst)
+            tx.rows("set_tat", key=s.key, tat=new_tat)
+            if start - now > RATE_SLACK:
+                tx.rows("deny", key=s.key)
+            delay = max(delay, start - now)
+        return delay
+
+    def release(self, holder: str, specs: Sequence[Spec], now: float,
+                lease: float) -> list[Parcel]:
+        keys = [s.key for s in specs if s.kind == "c"]
+        if not keys:
+            return []
+
+        def run(tx: Tx) -> list[Parcel]:
+            out: list[Parcel] = []
+            for key in keys:
+                tx.rows("drop", key=key, holder=holder)
+                tx.rows("purge", key=key, now=now)
+                out += self._unpark(tx, key, now, lease)
+            return out
+        return self._do(run)
+
+    def _unpark(self, tx: Tx, key: str, now: float, lease: float) -> list[Parcel]:
+        found = tx.rows("key_row", key=key)
+        if not found:
+            return []
+        declared, override = json.loads(found[0][0]), found[0][1]
+        limit = override if override is not None else int(declared.get("max", 1))
+        free = limit - int(tx.rows("used", key=key)[0][0])
+        out = []
+        for pid, queue, body, priority, weight in tx.rows("oldest_parked", key=key,
+                                                           limit=max(free, 0)):
+            if weight > free:
+                break
+            free -= weight
+            tx.rows("grant", key=key, holder=pid, weight=weight, expires=now + lease)
+            tx.rows("mark_moving", id=pid, until=now + lease)
+            out.append(Parcel(pid, queue, bytes(body), priority))
+        return out
+
+    def renew(self, held: Sequence[tuple[str, Sequence[Spec]]], now: float,
+              lease: float) -> None:
+        pairs = [(s.key, holder) for holder, specs in held for s in specs if s.kind == "c"]
+        if not pairs:
+            return
+
+        def run(tx: Tx) -> None:
+            for key, holder in pairs:
+                tx.rows("renew", key=key, holder=holder, expires=now + lease)
+        self._do(run)
+
+    def sweep(self, now: float, lease: float) -> list[Parcel]:
+        def run(tx: Tx) -> list[Parcel]:
+            out: list[Parcel] = []
+            for key, *_ in tx.rows("keys"):
+                tx.rows("purge", key=key, now=now)
+                out += self._unpark(tx, key, now, lease)
+            for pid, queue, body, priority, key in tx.rows("stale_moving", now=now):
+                tx.rows("mark_moving", id=pid, until=now + lease)
+                tx.rows("renew", key=key, holder=pid, expires=now + lease)
+                out.append(Parcel(pid, queue, bytes(body), priority))
+            return out
+        return self._do(run)
+
+    def moved(self, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+
+        def run(tx: Tx) -> None:
+            for pid in ids:
+                tx.rows("moved", id=pid)
+        self._do(run)
+
+    # -- operators ------------------------------------------------------------------------
+
+    def set_limit(self, key: str, override: Override) -> None:
+        self._do(lambda tx: tx.rows("set_limit", key=key, max=override.max,
+                                    per_second=override.per_second, burst=override.burst))
+
+    def clear(self, key: str) -> bool:
+        def run(tx: Tx) -> bool:
+            had = tx.rows("key_row", key=key)
+            tx.rows("clear", key=key)
+            return bool(had) and any(v is not None for v in had[0][1:])
+        return bool(self._do(run))
+
+    def usage(self, now: float) -> list[Usage]:
+        def run(tx: Tx) -> list[Usage]:
+            out = []
+            for key, declared, mx, per_second, burst, denied in tx.rows("keys"):
+                d = json.loads(declared)
+                out.append(Usage(
+                    key, int(tx.rows("live_used", key=key, now=now)[0][0]),
+                    int(tx.rows("waiting", key=key)[0][0]), int(denied),
+                    max=mx if mx is not None else d.get("max"),
+                    per_second=per_second if per_second is not None else d.get("ps"),
+                    burst=burst if burst is not None else d.get("b"),
+                    overridden=any(v is not None for v in (mx, per_second, burst))))
+            return out
+        return self._do(run)
+
+
+# -- SQLite -----------------------------------------------------------------------------------
+
+class _SqliteTx:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def rows(self, name: str, **params: Any) -> list[Any]:
+        return self.db.execute(Q[name], params).fetchall()
+
+
+class SQLiteLimiter(SqlLimiter):
+    """Limits in the SQLite file of the broker (or any SQLite file)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, url: str) -> None:
+        path, _ = path_from_url(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, timeout=30,
+                                   check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(Q["schema_sqlite"])
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Tx]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield _SqliteTx(self._db)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+
+# -- Postgres ---------------------------------------------------------------------------------
+
+class _PostgresTx:
+    def __init__(self, cur: Any) -> None:
+        self.cur = cur
+
+    def rows(self, name: str, **params: Any) -> list[Any]:
+        self.cur.execute(_PARAM.sub(r"%(\1)s", Q[name]), params)
+        return list(self.cur.fetchall()) if self.cur.description else []
+
+
+def parse_postgres_url(url: str) -> tuple[dict[str, Any], str]:
+    """(psycopg connect arguments, schema) from `postgresql://…?schema=x`."""
+    from psycopg.conninfo import conninfo_to_dict
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = dict(query).get("schema", "conveyor")
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise ConfigError(f"limits URL {redact(url)!r}: schema {schema!r} is not allowed; use "
+                          "lowercase letters, digits and _")
+    ours = ("schema", "ack_commit", "retry_seconds", "reconnect_seconds")
+    rest = [(k, v) for k, v in query if k not in ours]
+    params = conninfo_to_dict(urlunsplit(parts._replace(query=urlencode(rest))))
+    params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
+    return params, schema
+
+
+class PostgresLimiter(SqlLimiter):
+    """Limits in tables beside the broker's (or the state store's), in one schema."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+        from psycopg import sql
+        params, self.schema = parse_postgres_url(url)
+        self._conn = psycopg.connect(**params, autocommit=True)
+        with self._conn.transaction():
+            self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                               (f"conveyor-limits-ddl:{self.schema}",))
+            self._conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(self.schema)))
+            self._conn.execute(Q["schema_postgres"])
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Tx]:
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                        (f"conveyor-limits:{self.schema}",))
+            yield _PostgresTx(cur)
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,200 @@
+"""One contract for every limiter backend (`conveyor.limits`), against the real stores.
+
+Time is passed in (`now`), so leases lapse and buckets refill without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.flow import Spec
+from conveyor.limits import Limiter, Override, Parcel, from_url
+from tests.conftest import POSTGRES_URL, REDIS_URL, clean_transport, require_service
+
+BACKENDS: dict[str, tuple[str | None, Callable[[Path, str], str]]] = {
+    "sqlite": (None, lambda tmp, name: f"sqlite:///{tmp}/limits.db"),
+    "redis": ("redis", lambda tmp, name: f"{REDIS_URL}?prefix={name}"),
+    "postgres": ("postgres", lambda tmp, name: f"{POSTGRES_URL}?schema={name}"),
+}
+T0 = 1_800_000_000.0
+LEASE = 10.0
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def open_limiter(request: pytest.FixtureRequest, tmp_path: Path,
+                 unique: str) -> Iterator[Callable[[], Limiter]]:
+    service, url_of = BACKENDS[request.param]
+    if service:
+        require_service(service)
+    opened: list[Limiter] = []
+
+    def make() -> Limiter:
+        opened.append(from_url(url_of(tmp_path, unique)))
+        return opened[-1]
+
+    yield make
+    for limiter in opened:
+        limiter.close()
+    clean_transport(request.param, unique)
+
+
+@pytest.fixture
+def limiter(open_limiter: Callable[[], Limiter]) -> Limiter:
+    return open_limiter()
+
+
+def parcel(i: int | str, queue: str = "q") -> Parcel:
+    return Parcel(f"m{i}", queue, f'{{"n":"{i}"}}'.encode(), 0)
+
+
+def c(key: str = "tenant:a", mx: int = 2, weight: int = 1) -> Spec:
+    return Spec("c", key, max=mx, weight=weight)
+
+
+def r(key: str = "api", per_second: float = 10.0, burst: int = 1) -> Spec:
+    return Spec("r", key, per_second=per_second, burst=burst)
+
+
+def test_at_most_max_run_and_the_rest_are_parked(limiter: Limiter) -> None:
+    verdicts = [limiter.admit(parcel(i), [c()], T0, LEASE).verdict for i in range(4)]
+    assert verdicts == ["run", "run", "parked", "parked"]
+    usage = {u.key: u for u in limiter.usage(T0)}["tenant:a"]
+    assert (usage.in_use, usage.waiting, usage.denied, usage.max) == (2, 2, 2, 2)
+
+
+def test_a_redelivered_holder_is_admitted_again_without_counting_twice(limiter: Limiter
+                                                                       ) -> None:
+    for _ in range(3):
+        assert limiter.admit(parcel(1), [c()], T0, LEASE).granted
+    assert limiter.admit(parcel(2), [c()], T0, LEASE).granted
+    assert limiter.admit(parcel(3), [c()], T0, LEASE).verdict == "parked"
+
+
+def test_parking_is_once_per_message(limiter: Limiter) -> None:
+    limiter.admit(parcel(1), [c(mx=1)], T0, LEASE)
+    for _ in range(3):
+        assert limiter.admit(parcel(2), [c(mx=1)], T0, LEASE).verdict == "parked"
+    assert {u.key: u.waiting for u in limiter.usage(T0)}["tenant:a"] == 1
+
+
+def test_release_hands_the_token_to_the_oldest_parked_message(limiter: Limiter) -> None:
+    for i in range(4):
+        limiter.admit(parcel(i), [c()], T0, LEASE)
+    moved = limiter.release("m0", [c()], T0 + 1, LEASE)
+    assert moved == [parcel(2)]
+    limiter.moved(["m2"])
+    # the handed-over message is admitted at once when it comes back; the token was its own
+    assert limiter.admit(parcel(2), [c()], T0 + 2, LEASE).granted
+    assert limiter.admit(parcel(9), [c()], T0 + 2, LEASE).verdict == "parked"
+    assert {u.key: (u.in_use, u.waiting) for u in limiter.usage(T0 + 2)}["tenant:a"] == (2, 2)
+
+
+def test_a_lapsed_lease_frees_its_token_and_the_sweep_moves_the_waiting_on(limiter: Limiter
+                                                                           ) -> None:
+    limiter.admit(parcel(1), [c(mx=1)], T0, LEASE)
+    limiter.admit(parcel(2), [c(mx=1)], T0, LEASE)
+    assert limiter.sweep(T0 + LEASE / 2, LEASE) == []
+    assert limiter.sweep(T0 + LEASE + 1, LEASE) == [parcel(2)]
+
+
+def test_renewed_tokens_outlive_the_first_lease(limiter: Limiter) -> None:
+    limiter.admit(parcel(1), [c(mx=1)], T0, LEASE)
+    limiter.renew([("m1", [c(mx=1)])], T0 + LEASE - 1, LEASE)
+    assert limiter.admit(parcel(2), [c(mx=1)], T0 + LEASE + 1, LEASE).verdict == "parked"
+    assert limiter.sweep(T0 + LEASE + 1, LEASE) == []
+
+
+def test_a_handover_never_confirmed_is_offered_again(limiter: Limiter) -> None:
+    limiter.admit(parcel(1), [c(mx=1)], T0, LEASE)
+    limiter.admit(parcel(2), [c(mx=1)], T0, LEASE)
+    assert limiter.release("m1", [c(mx=1)], T0 + 1, LEASE) == [parcel(2)]
+    assert limiter.sweep(T0 + 2, LEASE) == []
+    assert limiter.sweep(T0 + LEASE + 2, LEASE) == [parcel(2)]
+    limiter.moved(["m2"])
+    assert limiter.sweep(T0 + 3 * LEASE, LEASE) == []
+    assert {u.key: u.waiting for u in limiter.usage(T0)}["tenant:a"] == 0
+
+
+def test_all_limits_or_none(limiter: Limiter) -> None:
+    limiter.admit(parcel(1), [c("b", mx=1)], T0, LEASE)
+    both = [c("a", mx=1), c("b", mx=1)]
+    assert limiter.admit(parcel(2), both, T0, LEASE).verdict == "parked"
+    assert limiter.admit(parcel(3), [c("a", mx=1)], T0, LEASE).granted  # m2 holds none of a
+
+
+def test_weights_take_that_many_slots_of_a_pool(limiter: Limiter) -> None:
+    pool = c("pool:exports", mx=3, weight=2)
+    assert limiter.admit(parcel(1), [pool], T0, LEASE).granted
+    assert limiter.admit(parcel(2), [pool], T0, LEASE).verdict == "parked"
+    assert limiter.admit(parcel(3), [c("pool:exports", mx=3)], T0, LEASE).granted
+
+
+def test_a_run_time_override_wins_and_clearing_it_restores_the_declared(limiter: Limiter
+                                                                        ) -> None:
+    limiter.set_limit("tenant:a", Override(max=1))
+    assert limiter.admit(parcel(1), [c()], T0, LEASE).granted
+    assert limiter.admit(parcel(2), [c()], T0, LEASE).verdict == "parked"
+    assert {u.key: (u.max, u.overridden) for u in limiter.usage(T0)}["tenant:a"] == (1, True)
+    assert limiter.clear("tenant:a") is True
+    assert limiter.clear("tenant:a") is False
+    assert limiter.admit(parcel(3), [c()], T0, LEASE).granted
+
+
+def test_a_rate_spaces_starts_and_reservations_are_not_counted_twice(limiter: Limiter
+                                                                     ) -> None:
+    first = limiter.admit(parcel(1), [r()], T0, LEASE)
+    second = limiter.admit(parcel(2), [r()], T0, LEASE)
+    third = limiter.admit(parcel(3), [r()], T0, LEASE)
+    assert first.granted
+    assert (second.verdict, third.verdict) == ("delayed", "delayed")
+    assert second.delay == pytest.approx(0.1, abs=1e-3)
+    assert third.delay == pytest.approx(0.2, abs=1e-3)
+    assert limiter.admit(parcel(2), [r()], T0 + 0.1, LEASE, rate_reserved=True).granted
+    # the reservations are spent: the next free start is after the third's
+    assert limiter.admit(parcel(4), [r()], T0 + 0.1, LEASE).delay == pytest.approx(0.2,
+                                                                                   abs=1e-3)
+
+
+def test_a_burst_starts_at_once_then_the_rate_holds(limiter: Limiter) -> None:
+    verdicts = [limiter.admit(parcel(i), [r(burst=3)], T0, LEASE).verdict for i in range(4)]
+    assert verdicts == ["run", "run", "run", "delayed"]
+    assert limiter.admit(parcel(9), [r(burst=3)], T0 + 10, LEASE).granted  # refilled
+
+
+def test_a_rate_override_changes_the_spacing(limiter: Limiter) -> None:
+    limiter.set_limit("api", Override(per_second=2.0))
+    limiter.admit(parcel(1), [r()], T0, LEASE)
+    assert limiter.admit(parcel(2), [r()], T0, LEASE).delay == pytest.approx(0.5, abs=1e-3)
+    assert {u.key: u.per_second for u in limiter.usage(T0)}["api"] == 2.0
+
+
+def test_a_full_key_parks_before_any_rate_token_is_spent(limiter: Limiter) -> None:
+    both = [c(mx=1), r()]
+    assert limiter.admit(parcel(1), both, T0, LEASE).granted
+    assert limiter.admit(parcel(2), both, T0, LEASE).verdict == "parked"
+    limiter.release("m1", both, T0 + 5, LEASE)
+    assert limiter.admit(parcel(2), both, T0 + 5, LEASE).granted
+
+
+def test_concurrent_admissions_never_exceed_the_limit(
+        open_limiter: Callable[[], Limiter]) -> None:
+    granted: list[str] = []
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        mine = open_limiter()
+        for i in range(15):
+            if mine.admit(parcel(f"{n}-{i}"), [c(mx=3)], T0, LEASE).granted:
+                with lock:
+                    granted.append(f"{n}-{i}")
+
+    limiters = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+    for thread in limiters:
+        thread.start()
+    for thread in limiters:
+        thread.join()
+    assert len(granted) == 3

@@ -1,0 +1,58 @@
+"""Declaring limits: key templates checked at decoration, formatted at enqueue, carried in
+one header; an unlimited task's message carries none."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor import Limit, Rate, task
+from conveyor.errors import ConfigError
+from conveyor.flow import LIMITS_HEADER, Spec, limits_of
+
+
+@task(name="u.flow.sync", concurrency=Limit(key="tenant:{tenant_id}", max=2),
+      rate=Rate(key="partner-api", per_second=10, burst=20))
+def sync_tenant(tenant_id: str, full: bool = False) -> None:
+    return None
+
+
+@task(name="u.flow.plain")
+def plain(x: int) -> int:
+    return x
+
+
+def test_keys_are_formatted_from_the_bound_arguments() -> None:
+    for message in (sync_tenant.message(("acme",)),
+                    sync_tenant.message((), {"tenant_id": "acme"})):
+        assert limits_of(message.headers) == [
+            Spec("c", "tenant:acme", max=2), Spec("r", "partner-api", per_second=10, burst=20)]
+
+
+def test_an_unlimited_task_carries_no_limits_header() -> None:
+    assert LIMITS_HEADER not in plain.message((1,)).headers
+
+
+def test_given_headers_keep_the_limits() -> None:
+    message = sync_tenant.message(("acme",), headers={"x": "1"})
+    assert message.headers["x"] == "1" and LIMITS_HEADER in message.headers
+
+
+def test_a_template_naming_no_argument_fails_at_decoration() -> None:
+    with pytest.raises(ConfigError, match="has no argument 'tenant'"):
+        @task(name="u.flow.bad", concurrency=Limit(key="tenant:{tenant}", max=1))
+        def bad(tenant_id: str) -> None:
+            return None
+
+
+def test_a_broken_template_or_bad_numbers_fail_at_once() -> None:
+    with pytest.raises(ConfigError, match="not a valid template"):
+        Limit(key="tenant:{tenant", max=1)
+    with pytest.raises(ConfigError, match="at least 1"):
+        Limit(key="k", max=0)
+    with pytest.raises(ConfigError, match="per_second must be above 0"):
+        Rate(key="k", per_second=0)
+
+
+def test_arguments_that_do_not_fit_fail_at_enqueue() -> None:
+    with pytest.raises(ConfigError, match="do not fit its signature"):
+        sync_tenant.message((), {"nope": 1})
