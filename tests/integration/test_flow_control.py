@@ -81,3 +81,20 @@ def test_max_2_on_one_key_holds_across_4_workers(setup: tuple[str, dict[str, str
     assert sum(1 for x in lines if x[0] == "E") == 200, outputs[0][-3000:]
     assert most_at_once(lines, "acme") == 2
 
+
+
+def test_a_rate_of_10_a_second_spaces_100_tasks_over_10_seconds(
+        setup: tuple[str, dict[str, str]], tmp_path: Path, unique: str) -> None:
+    url, extra = setup
+    ledger = tmp_path / "ledger"
+    with from_url(url) as broker:
+        enqueue_all(broker, [flow_tasks.rated_job.message((str(ledger),), queue=unique)
+                             for _ in range(100)])
+    procs = workers(url, unique, 2, extra)
+    outputs = [finish(p, timeout=120) for p in procs]
+    lines = ledger_lines(ledger)
+    starts = sorted(at for what, at, _ in lines if what == "S")
+    ends = sorted(at for what, at, _ in lines if what == "E")
+    assert len(ends) == 100, outputs[0][-3000:]
+    # reservations are 0.1 s apart from the first start: 99 intervals, plus delivery jitter
+    assert 9.5 <= ends[-1] - starts[0] <= 11.0, (starts[0], starts[-1], ends[-1])
