@@ -27,6 +27,17 @@ start_service redis 6379 redis-server --daemonize yes --bind 127.0.0.1 -::1 --po
 start_service rabbitmq 5672 sh -c 'ulimit -n 65536 2>/dev/null; exec rabbitmq-server -detached'
 up 5672 && { rabbitmq-plugins -q enable rabbitmq_management >/dev/null || echo "could not enable rabbitmq_management: RabbitMQ depth() will fail" >&2; }  # idempotent, online
 
+# The dashboard's browser tests drive Debian's Chromium (Playwright never downloads one).
+if [ ! -x /usr/bin/chromium ]; then
+  echo "installing chromium (the dashboard's browser tests drive it)"
+  { apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }; } \
+    >/dev/null 2>&1 || true
+  if [ ! -x /usr/bin/chromium ]; then
+    echo "chromium could not be installed: the dashboard's browser tests will skip" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+
 "$VENV/bin/ruff" check -q src tests benchmarks
 "$VENV/bin/mypy" src
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

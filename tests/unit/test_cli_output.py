@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from conveyor.celery_intake.names import rejects_of
-from conveyor.cli.deadletters import TEXT_PREVIEW, body_preview
-from conveyor.cli.output import hexdump, wrapped_table
+from conveyor.cli.output import wrapped_table
+from conveyor.readers.deadletters import TEXT_PREVIEW, body_preview, hexdump
 
 REASON = ("failed: ValueError('the partner API answered 422 Unprocessable Entity for invoice "
           "7731 because its currency field was empty') on its last attempt of 4")

@@ -9,6 +9,8 @@ below, never above; sibling packages of one layer stay apart):
     results:  results (task results: Redis keys beside a broker, or a state-store table)
     client:   client (publishes through a broker, reads results)
     parts:    worker, scheduler, autoscaler, celery_intake
+    readers:  readers (the rows operators look at: queues, workers, runs, dead letters)
+    views:    ui (the web dashboard, over the readers)
     commands: cli
 
 Lazy imports (inside a function) count: they are still a dependency, only a later one.
@@ -31,6 +33,8 @@ LAYERS = [
     {"results"},
     {"client"},
     {"worker", "scheduler", "autoscaler", "celery_intake"},
+    {"readers"},
+    {"ui"},
     {"cli"},
 ]
 #: Imports against the layers that are meant, each with its reason: (importer, imported).

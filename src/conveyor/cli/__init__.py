@@ -1,7 +1,7 @@
 """The `conveyor` command: one entry point, one sub-command per daemon or tool.
 
 Each command group is one module of this package (`status`, `deadletters`, `runs`, `dags`,
-`enqueue`, `up`, `configuration`, `demo`); the daemons (`worker`, `scheduler`, `autoscaler`)
+`enqueue`, `ui`, `up`, `configuration`, `demo`); the daemons (`worker`, `scheduler`, `autoscaler`)
 register their own flags from their packages. The parser is built once per run and returns
 the settings catalog its flags filled (what `config show` prints and the file is checked
 against).
@@ -27,7 +27,7 @@ LEAN = {"worker": "conveyor.worker.cli"}
 COMMANDS = ("conveyor.cli.demo", "conveyor.worker.cli", "conveyor.cli.enqueue",
             "conveyor.scheduler.cli", "conveyor.cli.dags", "conveyor.cli.runs",
             "conveyor.autoscaler.cli", "conveyor.cli.configuration", "conveyor.cli.status",
-            "conveyor.cli.deadletters", "conveyor.cli.up")
+            "conveyor.cli.deadletters", "conveyor.cli.ui", "conveyor.cli.up")
 
 
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, Catalog]:
@@ -49,7 +49,7 @@ def _hide_from_tasks() -> None:
 
 
 #: Commands that run for a while and log: they take --log-level and --log-format.
-DAEMONS = ("worker", "scheduler", "autoscaler", "up")
+DAEMONS = ("worker", "scheduler", "autoscaler", "ui", "up")
 
 
 def _log_flags(commands: argparse._SubParsersAction) -> None:

@@ -16,9 +16,10 @@ from typing import Any
 
 from conveyor.cli import operations
 from conveyor.cli.output import json_argument, table
-from conveyor.cli.runs import DONE, show_run
+from conveyor.cli.runs import show_run
 from conveyor.config import checked, non_negative_int, seconds, size
 from conveyor.errors import ConfigError
+from conveyor.readers.runs import DONE
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.cli import common_flags, config_from, load
 from conveyor.scheduler.config import SchedulerConfig

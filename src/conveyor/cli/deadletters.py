@@ -21,24 +21,19 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from conveyor.broker import Broker, DeadLetter
-from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
-from conveyor.cli.output import hexdump, output, terminal_width, wrapped_table
+from conveyor.cli.connections import connection_flags, opened_broker, opened_store
+from conveyor.cli.output import output, terminal_width, wrapped_table
 from conveyor.cli.output import progress as show_progress
 from conveyor.config import checked, positive_int
 from conveyor.errors import ConfigError
-from conveyor.scheduler.runs import iso
+from conveyor.readers.deadletters import SCAN, body_preview, message_id, parsed, summary
+from conveyor.readers.deadletters import select as select_dead
+from conveyor.readers.queues import known_queues
 
-#: Dead letters read per queue (a requeue of more goes in rounds).
-SCAN = 100_000
 #: Ids per requeue or purge call: progress is reported between batches.
 BATCH = 500
-#: A text body longer than this (in characters) is cut on a terminal; `--raw` prints it all.
-TEXT_PREVIEW = 16 * 1024
-#: How many bytes of a binary body `show` prints in hex.
-HEX_PREVIEW = 256
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -87,27 +82,7 @@ def queues(args: argparse.Namespace) -> list[str]:
 def select(broker: Broker, queue: str, args: argparse.Namespace,
            limit: int = SCAN) -> list[DeadLetter]:
     """The queue's dead letters that match --id and --reason."""
-    found = broker.dead_letters(queue, limit=limit)
-    ids = set(getattr(args, "ids", []) or [])
-    reason = args.reason.lower()
-    return [d for d in found if (not ids or d.id in ids) and reason in d.reason.lower()]
-
-
-def summary(dead: DeadLetter) -> dict[str, Any]:
-    body = _body(dead.body)
-    label = body.get("task") or " ".join(body.get("command") or []) if body else ""
-    return {"id": dead.id, "queue": dead.queue, "task": label or "?",
-            "message_id": body.get("id", "") if body else "",
-            "deliveries": dead.delivery_count, "dead_at": iso(dead.dead_at),
-            "reason": dead.reason}
-
-
-def _body(raw: bytes) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    return select_dead(broker, queue, getattr(args, "ids", []) or [], args.reason, limit)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -126,7 +101,7 @@ def run_show(args: argparse.Namespace) -> int:
     names = queues(args)
     with opened_broker(args) as broker:
         found = [d for q in names for d in broker.dead_letters(q, limit=SCAN)
-                 if args.id in (d.id, _message_id(d))]
+                 if args.id in (d.id, message_id(d))]
     if not found:
         raise ConfigError(f"no dead letter or message {args.id!r} in queues "
                           f"{', '.join(names)}: check the id with `conveyor dead-letters "
@@ -145,13 +120,8 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _message_id(dead: DeadLetter) -> str:
-    body = _body(dead.body)
-    return str(body.get("id", "")) if body else ""
-
-
 def _print_one(dead: DeadLetter, as_json: bool) -> None:
-    body = _body(dead.body)
+    body = parsed(dead.body)
     if as_json:
         raw = {"body": body} if body is not None else {
             "body_base64": base64.b64encode(dead.body).decode()}
@@ -161,35 +131,6 @@ def _print_one(dead: DeadLetter, as_json: bool) -> None:
     for key in ("id", "queue", "task", "message_id", "deliveries", "dead_at", "reason"):
         print(f"{key + ':':12} {doc[key]}")
     print("\n".join(body_preview(dead.body)))
-
-
-def body_preview(raw: bytes) -> list[str]:
-    """What a terminal may show of a body: text (JSON indented) up to TEXT_PREVIEW
-    characters, else its size and its first bytes in hex; never binary, never megabytes."""
-    text = _text(raw)
-    size = f"{len(raw):,} bytes"
-    if text is None:
-        shown = raw[:HEX_PREVIEW]
-        return [f"body: {size}, not text; the first {len(shown)} in hex "
-                "(`--raw` writes all of it, e.g. `--raw > body.bin`):", *hexdump(shown)]
-    body = _body(raw)
-    if body is not None:
-        text = json.dumps(body, indent=2, ensure_ascii=False)
-    if len(text) <= TEXT_PREVIEW:
-        return [f"body ({size}):", text]
-    return [f"body ({size}), the first {TEXT_PREVIEW:,} characters:", text[:TEXT_PREVIEW],
-            f"... cut: `conveyor dead-letters show ID --raw` prints all {size}"]
-
-
-def _text(raw: bytes) -> str | None:
-    """`raw` as text, or None if it is not UTF-8 or holds control characters (a terminal
-    would act on escape sequences)."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    printable = all(c.isprintable() or c in "\n\r\t" for c in text)
-    return text if printable else None
 
 
 def run_requeue(args: argparse.Namespace) -> int:

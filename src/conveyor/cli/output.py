@@ -65,16 +65,6 @@ def _wrap(text: str, width: int) -> list[str]:
                          break_on_hyphens=False) or [""]
 
 
-def hexdump(data: bytes, per_line: int = 16) -> list[str]:
-    """`hexdump -C` lines: offset, bytes in hex, and the printable ASCII ones."""
-    lines = []
-    for offset in range(0, len(data), per_line):
-        chunk = data[offset:offset + per_line]
-        ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
-        lines.append(f"  {offset:08x}  {chunk.hex(' '):<{per_line * 3 - 1}}  |{ascii_}|")
-    return lines
-
-
 def output(doc: Any, rows: Sequence[dict[str, Any]], columns: Sequence[str],
            as_json: bool) -> None:
     """`doc` as JSON, or `rows` as a table."""

@@ -16,14 +16,12 @@ from conveyor.cli import operations
 from conveyor.cli.connections import connection_flags, opened_store
 from conveyor.cli.output import output, table
 from conveyor.config import checked, positive_int
+from conveyor.readers.runs import STATES, short, task_doc, value
 from conveyor.scheduler.cli import common_flags, config_from
 from conveyor.scheduler.errors import RunError
 from conveyor.scheduler.runs import iso
 from conveyor.state import store as stores
 from conveyor.state.store import Store
-
-STATES = ("queued", "running", "success", "failed")
-DONE = ("success", "failed")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -67,7 +65,7 @@ def show_run(store: Store, run_id: str, as_json: bool) -> int:
     tasks = store.rows("run_tis", run_id=run_id)
     attempts = store.rows("run_attempts", run_id=run_id)
     if as_json:
-        print(json.dumps({"run": run, "tasks": [_task_doc(t) for t in tasks],
+        print(json.dumps({"run": run, "tasks": [task_doc(t) for t in tasks],
                           "attempts": attempts}, indent=2))
         return 0
     took = f" in {run['ended_at'] - run['started_at']:.2f} s" \
@@ -88,29 +86,13 @@ def show_run(store: Store, run_id: str, as_json: bool) -> int:
     return 0
 
 
-def _task_doc(ti: dict[str, Any]) -> dict[str, Any]:
-    return {**ti, "spec": json.loads(ti["spec"]), "result": _value(ti.get("result"))}
-
-
-def _value(stored: str | None) -> Any:
-    """A stored result (JSON text) as data; None when the task returned nothing (yet)."""
-    return json.loads(stored) if stored else None
-
-
-def _short(stored: str | None, width: int = 40) -> str:
-    """A stored result for a table cell: its JSON, cut to `width` with an ellipsis."""
-    if stored is None:
-        return ""
-    return stored if len(stored) <= width else stored[:width - 1] + "…"
-
-
 def _task_line(ti: dict[str, Any]) -> dict[str, Any]:
     took = ti["ended_at"] - ti["started_at"] if ti["ended_at"] and ti["started_at"] else None
     return {"task": ti["task_id"], "state": ti["state"],
             "attempt": f"{ti['attempt']}/{ti['max_attempts']}", "executor": ti["executor"],
             "queue": ti["queue"], "started": iso(ti["started_at"])[11:23],
             "took": f"{took:.3f}s" if took is not None else "", "host": ti["hostname"] or "",
-            "result": _short(ti.get("result")), "error": (ti["error"] or "").split("\n", 1)[0][:80]}
+            "result": short(ti.get("result")), "error": (ti["error"] or "").split("\n", 1)[0][:80]}
 
 
 def run_runs_list(args: argparse.Namespace) -> int:
@@ -132,8 +114,8 @@ def run_tasks_show(args: argparse.Namespace) -> int:
                            f"tasks with `conveyor runs show {args.run_id}`")
         attempts = store.rows("ti_attempts", ti_id=ti["ti_id"])
     if args.json:
-        print(json.dumps({"task": _task_doc(ti),
-                          "attempts": [{**a, "result": _value(a.get("result"))}
+        print(json.dumps({"task": task_doc(ti),
+                          "attempts": [{**a, "result": value(a.get("result"))}
                                        for a in attempts]}, indent=2))
         return 0
     _print_task(ti)
@@ -155,5 +137,5 @@ def _print_task(ti: dict[str, Any]) -> None:
 
 def _attempt_row(a: dict[str, Any]) -> dict[str, Any]:
     return {**a, "started": iso(a["started_at"]), "ended": iso(a["ended_at"]),
-            "host": a["hostname"] or "", "pid": a["pid"] or "", "result": _short(a.get("result")),
+            "host": a["hostname"] or "", "pid": a["pid"] or "", "result": short(a.get("result")),
             "error": (a["error"] or "").split("\n", 1)[0][:80]}

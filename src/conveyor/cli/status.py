@@ -14,12 +14,14 @@ from collections import Counter
 from typing import Any
 
 from conveyor.broker import Broker
-from conveyor.cli.connections import connection_flags, known_queues, opened_broker, opened_store
+from conveyor.cli.connections import connection_flags, opened_broker, opened_store
 from conveyor.cli.output import output, table
 from conveyor.config import checked, non_negative_int
+from conveyor.readers.queues import known_queues, queue_rows
+from conveyor.readers.runs import run_rows
+from conveyor.readers.workers import worker_rows
 from conveyor.scheduler.runs import iso
 from conveyor.state.store import Store
-from conveyor.worker.registry import workers
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -38,33 +40,6 @@ def collect(store: Store, broker: Broker, extra_queues: list[str], runs: int,
     """Everything `status` shows, as one JSON-ready document."""
     return {"at": iso(now), "queues": queue_rows(broker, known_queues(store, extra_queues)),
             "workers": worker_rows(store, now), "runs": run_rows(store, runs)}
-
-
-def queue_rows(broker: Broker, names: list[str]) -> list[dict[str, Any]]:
-    rows = []
-    for name in names:
-        d = broker.depth(name)
-        rows.append({"queue": name, "ready": d.ready, "in_flight": d.in_flight,
-                     "delayed": d.delayed, "dead": d.dead})
-    return rows
-
-
-def worker_rows(store: Store, now: float) -> list[dict[str, Any]]:
-    return [{"worker": w.worker_id, "host": w.hostname, "pid": w.pid, "queues": w.queues,
-             "busy": w.busy, "free": w.free, "last_heartbeat": iso(w.heartbeat_at),
-             "seconds_ago": round(now - w.heartbeat_at, 1), "stale": w.stale(now)}
-            for w in workers(store)]
-
-
-def run_rows(store: Store, limit: int) -> list[dict[str, Any]]:
-    rows = []
-    for run in store.rows("recent_runs", dag_id="", state="", limit=limit):
-        tasks = store.rows("run_tis", run_id=run["run_id"])
-        rows.append({"run_id": run["run_id"], "dag_id": run["dag_id"], "state": run["state"],
-                     "created": iso(run["created_at"]), "ended": iso(run["ended_at"]),
-                     "tasks": {t["task_id"]: {"state": t["state"], "attempt": t["attempt"]}
-                               for t in tasks}})
-    return rows
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -504,3 +504,23 @@ ALTER TABLE conveyor_dags ADD COLUMN max_active_runs INTEGER;
 
 -- name: set_max_active_runs
 UPDATE conveyor_dags SET max_active_runs = %(max_active_runs)s WHERE dag_id = %(dag_id)s;
+
+-- name: find_runs
+-- The dashboard's run list: newest first, by DAG and state ('' = any) and logical date.
+SELECT * FROM conveyor_runs
+ WHERE (%(dag_id)s = '' OR dag_id = %(dag_id)s) AND (%(state)s = '' OR state = %(state)s)
+   AND logical_date >= %(since)s AND logical_date < %(until)s
+ ORDER BY created_at DESC, run_id DESC LIMIT %(limit)s;
+
+-- name: run_edges
+SELECT upstream, downstream FROM conveyor_edges WHERE run_id = %(run_id)s
+ ORDER BY upstream, downstream;
+
+-- name: dag_grid
+-- The task instances of a DAG's newest runs, for the grid of runs x tasks.
+SELECT t.run_id, t.task_id, t.position, t.state, t.attempt, r.logical_date,
+       r.state AS run_state
+  FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
+ WHERE t.run_id IN (SELECT run_id FROM conveyor_runs WHERE dag_id = %(dag_id)s
+                     ORDER BY logical_date DESC LIMIT %(limit)s)
+ ORDER BY r.logical_date, t.position;

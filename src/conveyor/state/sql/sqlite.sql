@@ -491,3 +491,23 @@ ALTER TABLE conveyor_dags ADD COLUMN max_active_runs INTEGER;
 
 -- name: set_max_active_runs
 UPDATE conveyor_dags SET max_active_runs = :max_active_runs WHERE dag_id = :dag_id;
+
+-- name: find_runs
+-- The dashboard's run list: newest first, by DAG and state ('' = any) and logical date.
+SELECT * FROM conveyor_runs
+ WHERE (:dag_id = '' OR dag_id = :dag_id) AND (:state = '' OR state = :state)
+   AND logical_date >= :since AND logical_date < :until
+ ORDER BY created_at DESC, run_id DESC LIMIT :limit;
+
+-- name: run_edges
+SELECT upstream, downstream FROM conveyor_edges WHERE run_id = :run_id
+ ORDER BY upstream, downstream;
+
+-- name: dag_grid
+-- The task instances of a DAG's newest runs, for the grid of runs x tasks.
+SELECT t.run_id, t.task_id, t.position, t.state, t.attempt, r.logical_date,
+       r.state AS run_state
+  FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
+ WHERE t.run_id IN (SELECT run_id FROM conveyor_runs WHERE dag_id = :dag_id
+                     ORDER BY logical_date DESC LIMIT :limit)
+ ORDER BY r.logical_date, t.position;

@@ -1,0 +1,90 @@
+"""Dead letters: what each one is (queue, task, reason) and a safe preview of its body."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from typing import Any
+
+from conveyor.broker import Broker, DeadLetter
+from conveyor.scheduler.runs import iso
+
+#: Dead letters read per queue (a requeue of more goes in rounds).
+SCAN = 100_000
+#: A text body longer than this (in characters) is cut on a terminal; `--raw` prints it all.
+TEXT_PREVIEW = 16 * 1024
+#: How many bytes of a binary body a preview shows in hex.
+HEX_PREVIEW = 256
+
+
+def select(broker: Broker, queue: str, ids: Collection[str] = (), reason: str = "",
+           limit: int = SCAN) -> list[DeadLetter]:
+    """The queue's dead letters with one of `ids` (any, when empty) whose reason contains
+    `reason` (case-insensitive)."""
+    wanted, text = set(ids), reason.lower()
+    return [d for d in broker.dead_letters(queue, limit=limit)
+            if (not wanted or d.id in wanted) and text in d.reason.lower()]
+
+
+def summary(dead: DeadLetter) -> dict[str, Any]:
+    """The row a list shows: ids, queue, task (or command), deliveries, when and why."""
+    body = parsed(dead.body)
+    label = body.get("task") or " ".join(body.get("command") or []) if body else ""
+    return {"id": dead.id, "queue": dead.queue, "task": label or "?",
+            "message_id": body.get("id", "") if body else "",
+            "deliveries": dead.delivery_count, "dead_at": iso(dead.dead_at),
+            "reason": dead.reason}
+
+
+def parsed(raw: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None when it is not one."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def message_id(dead: DeadLetter) -> str:
+    body = parsed(dead.body)
+    return str(body.get("id", "")) if body else ""
+
+
+def body_preview(raw: bytes) -> list[str]:
+    """What a terminal or a page may show of a body: text (JSON indented) up to
+    TEXT_PREVIEW characters, else its size and its first bytes in hex; never binary, never
+    megabytes."""
+    text = as_text(raw)
+    size = f"{len(raw):,} bytes"
+    if text is None:
+        shown = raw[:HEX_PREVIEW]
+        return [f"body: {size}, not text; the first {len(shown)} in hex "
+                "(`--raw` writes all of it, e.g. `--raw > body.bin`):", *hexdump(shown)]
+    body = parsed(raw)
+    if body is not None:
+        text = json.dumps(body, indent=2, ensure_ascii=False)
+    if len(text) <= TEXT_PREVIEW:
+        return [f"body ({size}):", text]
+    return [f"body ({size}), the first {TEXT_PREVIEW:,} characters:", text[:TEXT_PREVIEW],
+            f"... cut: `conveyor dead-letters show ID --raw` prints all {size}"]
+
+
+def as_text(raw: bytes) -> str | None:
+    """`raw` as text, or None if it is not UTF-8 or holds control characters (a terminal
+    would act on escape sequences)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    printable = all(c.isprintable() or c in "\n\r\t" for c in text)
+    return text if printable else None
+
+
+def hexdump(data: bytes, per_line: int = 16) -> list[str]:
+    """`hexdump -C` lines: offset, bytes in hex, and the printable ASCII ones."""
+    lines = []
+    for offset in range(0, len(data), per_line):
+        chunk = data[offset:offset + per_line]
+        ascii_ = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"  {offset:08x}  {chunk.hex(' '):<{per_line * 3 - 1}}  |{ascii_}|")
+    return lines

@@ -1,0 +1,17 @@
+"""Registered workers, from the registry each keeps fresh in the state store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor.scheduler.runs import iso
+from conveyor.state.store import Store
+from conveyor.worker.registry import workers
+
+
+def worker_rows(store: Store, now: float) -> list[dict[str, Any]]:
+    """One row per worker; `stale` when its last heartbeat is older than three intervals."""
+    return [{"worker": w.worker_id, "host": w.hostname, "pid": w.pid, "queues": w.queues,
+             "busy": w.busy, "free": w.free, "last_heartbeat": iso(w.heartbeat_at),
+             "seconds_ago": round(now - w.heartbeat_at, 1), "stale": w.stale(now)}
+            for w in workers(store)]

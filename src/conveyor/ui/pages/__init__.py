@@ -1,0 +1,1 @@
+"""One module per page (and its JSON endpoints); each has `register(ui)`: see conveyor.ui."""

@@ -1,0 +1,237 @@
+"""Runs: the list (by DAG, state and logical date), one run as a graph and as a grid of the
+DAG's recent runs x tasks, and one task instance with its attempts."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from conveyor.readers import runs as readers
+from conveyor.ui import graph
+from conveyor.ui.html import badge, e, seconds, seg, select, table, url, when
+from conveyor.ui.http import HttpError, Request, Response
+
+if TYPE_CHECKING:
+    from conveyor.ui.app import Dashboard
+
+#: Runs the list shows unless asked (`limit`), and the most it shows.
+LIMIT, MAX_LIMIT = 100, 5000
+#: Columns of the grid: the DAG's newest runs.
+GRID_RUNS = 20
+DAY = 86400.0
+
+
+def register(ui: Dashboard) -> None:
+    ui.add_nav("Runs", "/runs")
+    ui.router.add("GET", "/", lambda ui, request: Response(302, headers={"Location": "/runs"}))
+    ui.router.add("GET", "/runs", runs_page)
+    ui.router.add("GET", "/api/runs", runs_api)
+    ui.router.add("GET", "/runs/{run_id}", run_page)
+    ui.router.add("GET", "/api/runs/{run_id}", run_api)
+    ui.router.add("GET", "/runs/{run_id}/tasks/{task_id}", task_page)
+    ui.router.add("GET", "/api/runs/{run_id}/tasks/{task_id}", task_api)
+
+
+# -- the list -------------------------------------------------------------------------------
+
+def filters(request: Request) -> dict[str, Any]:
+    """The list's filters from the query string: dag, state, since/until dates, limit."""
+    state = request.arg("state")
+    if state and state not in readers.STATES:
+        raise HttpError(400, f"state={state!r}: use one of {', '.join(readers.STATES)}")
+    return {"dag_id": request.arg("dag"), "state": state,
+            "since": _date(request, "since", 0.0, end=False),
+            "until": _date(request, "until", readers.NEVER, end=True),
+            "limit": request.int_arg("limit", LIMIT, 1, MAX_LIMIT)}
+
+
+def _date(request: Request, name: str, default: float, *, end: bool) -> float:
+    """A date (2026-11-23: the whole day) or an ISO-8601 time, as Unix seconds."""
+    raw = request.arg(name)
+    if not raw:
+        return default
+    try:
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise HttpError(400, f"{name}={raw!r}: give a date (2026-11-23) or an ISO-8601 "
+                        "time") from None
+    stamp = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    return stamp + DAY if end and len(raw) == 10 else stamp
+
+
+def runs_api(ui: Dashboard, request: Request) -> Response:
+    with ui.store() as store:
+        rows = readers.find_runs(store, **filters(request))
+    return Response.json({"runs": [{**r, "took": readers.took(r)} for r in rows]})
+
+
+def runs_page(ui: Dashboard, request: Request) -> Response:
+    chosen = filters(request)
+    with ui.store() as store:
+        rows = readers.find_runs(store, **chosen)
+        dag_ids = [d["dag_id"] for d in store.rows("dags")]
+    body = (f"<h1>Runs</h1>{_filter_form(request, dag_ids)}"
+            + table(["run", "DAG", "state", "type", "logical date", "created", "took"],
+                    (_run_row(r) for r in rows), cls="runs", empty="no run matches")
+            + f'<p class="count">{len(rows)} run(s), newest first'
+            + (f' (the first {chosen["limit"]}: raise <code>limit</code> for more)'
+               if len(rows) == chosen["limit"] else "") + "</p>")
+    query = {k: request.arg(k) for k in ("dag", "state", "since", "until", "limit")}
+    return ui.page(request, "Runs", body, active="/runs", poll=url("/api/runs", **query))
+
+
+def _filter_form(request: Request, dag_ids: list[str]) -> str:
+    return (f'<form class="filters" method="get" action="/runs">'
+            f'<label>DAG {select("dag", dag_ids, request.arg("dag"))}</label>'
+            f'<label>state {select("state", readers.STATES, request.arg("state"))}</label>'
+            f'<label>from <input type="date" name="since" value="{e(request.arg("since"))}">'
+            f'</label><label>to <input type="date" name="until" '
+            f'value="{e(request.arg("until"))}"></label>'
+            f'<button type="submit">Filter</button></form>')
+
+
+def _run_row(run: dict[str, Any]) -> list[str]:
+    return [f'<a href="/runs/{seg(run["run_id"])}">{e(run["run_id"])}</a>',
+            f'<a href="{url("/runs", dag=run["dag_id"])}">{e(run["dag_id"])}</a>',
+            badge(run["state"]), e(run["run_type"]), when(run["logical_date"]),
+            when(run["created_at"]), seconds(readers.took(run))]
+
+
+# -- one run --------------------------------------------------------------------------------
+
+def run_api(ui: Dashboard, request: Request, run_id: str) -> Response:
+    with ui.store() as store:
+        detail = readers.run_detail(store, run_id)
+    if detail is None:
+        raise HttpError(404, f"no run {run_id!r} in the state store")
+    return Response.json(detail)
+
+
+def run_page(ui: Dashboard, request: Request, run_id: str) -> Response:
+    with ui.store() as store:
+        detail = readers.run_detail(store, run_id)
+        if detail is None:
+            raise HttpError(404, f"no run {run_id!r} in the state store: see the run list")
+        grid_rows = store.rows("dag_grid", dag_id=detail["run"]["dag_id"], limit=GRID_RUNS)
+    run, tasks = detail["run"], detail["tasks"]
+    states = {t["task_id"]: t["state"] for t in tasks}
+    order = [t["task_id"] for t in tasks]
+    edges = [(up, down) for up, down in detail["edges"]]
+    drawing = graph.svg(order, edges, lambda t: states.get(t, ""),
+                        lambda t: f"/runs/{seg(run_id)}/tasks/{seg(t)}")
+    body = (_run_header(run)
+            + f'<section><h2>Graph</h2><div class="graph">{drawing}</div>{_legend()}</section>'
+            + f'<section><h2>Grid: the newest {GRID_RUNS} runs of {e(run["dag_id"])}</h2>'
+            + grid(grid_rows, order, run_id) + "</section>"
+            + "<section><h2>Task instances</h2>"
+            + table(["task", "state", "attempt", "executor", "queue", "started", "took", "host",
+                     "pid", "result", "error"], (_ti_row(run_id, t) for t in tasks),
+                    cls="tasks") + "</section>")
+    return ui.page(request, f"Run {run_id}", body, active="/runs",
+                   poll=f"/api/runs/{seg(run_id)}")
+
+
+def _run_header(run: dict[str, Any]) -> str:
+    took = readers.took(run)
+    return (f'<h1>Run <code>{e(run["run_id"])}</code> {badge(run["state"])}</h1>'
+            f'<dl class="facts"><dt>DAG</dt><dd><a href="{url("/runs", dag=run["dag_id"])}">'
+            f'{e(run["dag_id"])}</a> (version {e(run["dag_version"])})</dd>'
+            f'<dt>type</dt><dd>{e(run["run_type"])}</dd>'
+            f'<dt>logical date</dt><dd>{when(run["logical_date"])}</dd>'
+            f'<dt>created</dt><dd>{when(run["created_at"])}</dd>'
+            f'<dt>took</dt><dd>{seconds(took) or "—"}</dd>'
+            f'<dt>conf</dt><dd><code>{e(run["conf"])}</code></dd></dl>')
+
+
+def _legend() -> str:
+    names = ("pending", "queued", "running", "up_for_retry", "success", "failed",
+             "upstream_failed")
+    return '<p class="legend">' + " ".join(badge(s) for s in names) + "</p>"
+
+
+def grid(rows: list[dict[str, Any]], order: list[str], current: str) -> str:
+    """Airflow's grid: a row per task, a column per run (oldest left), a cell per instance."""
+    runs: dict[str, dict[str, Any]] = {}
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        runs.setdefault(row["run_id"], row)
+        cells[row["task_id"], row["run_id"]] = row
+    tasks = order + sorted({t for t, _ in cells} - set(order))
+    head = "".join(
+        f'<th><a href="/runs/{seg(r)}" class="bar st-{e(info["run_state"])}'
+        f'{" current" if r == current else ""}" title="{e(r)}: {e(info["run_state"])}">'
+        f'</a></th>' for r, info in runs.items())
+    body = []
+    for task in tasks:
+        line = "".join(_grid_cell(cells.get((task, r)), task, r, current) for r in runs)
+        body.append(f'<tr><th class="task">{e(task)}</th>{line}</tr>')
+    return (f'<table class="grid"><thead><tr><th></th>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def _grid_cell(cell: dict[str, Any] | None, task: str, run_id: str, current: str) -> str:
+    mark = " current" if run_id == current else ""
+    if cell is None:
+        return f'<td class="{mark.strip()}"></td>'
+    return (f'<td class="{mark.strip()}"><a class="cell st-{e(cell["state"])}" '
+            f'href="/runs/{seg(run_id)}/tasks/{seg(task)}" '
+            f'title="{e(task)} · {e(run_id)}: {e(cell["state"])}"></a></td>')
+
+
+def _ti_row(run_id: str, ti: dict[str, Any]) -> list[str]:
+    result = ti.get("result")
+    return [f'<a href="/runs/{seg(run_id)}/tasks/{seg(ti["task_id"])}">{e(ti["task_id"])}</a>',
+            badge(ti["state"]), f'{ti["attempt"]}/{ti["max_attempts"]}', e(ti["executor"]),
+            e(ti["queue"]), when(ti["started_at"]), seconds(readers.took(ti)),
+            e(ti["hostname"]), e(ti["pid"]),
+            f"<code>{e(readers.short(json.dumps(result)))}</code>" if result is not None else "",
+            e((ti["error"] or "").split("\n", 1)[0][:120])]
+
+
+# -- one task instance ----------------------------------------------------------------------
+
+def task_api(ui: Dashboard, request: Request, run_id: str, task_id: str) -> Response:
+    with ui.store() as store:
+        detail = readers.task_detail(store, run_id, task_id)
+    if detail is None:
+        raise HttpError(404, f"no task {task_id!r} in run {run_id!r}")
+    return Response.json(detail)
+
+
+def task_page(ui: Dashboard, request: Request, run_id: str, task_id: str) -> Response:
+    with ui.store() as store:
+        detail = readers.task_detail(store, run_id, task_id)
+    if detail is None:
+        raise HttpError(404, f"no task {task_id!r} in run {run_id!r}")
+    ti, attempts = detail["task"], detail["attempts"]
+    body = (f'<p class="crumbs"><a href="/runs/{seg(run_id)}">run {e(run_id)}</a></p>'
+            f'<h1>Task <code>{e(task_id)}</code> {badge(ti["state"])}</h1>'
+            f'<dl class="facts"><dt>attempt</dt><dd>{ti["attempt"]} of {ti["max_attempts"]}'
+            f'</dd><dt>executor</dt><dd>{e(ti["executor"])}</dd><dt>queue</dt>'
+            f'<dd>{e(ti["queue"])}</dd><dt>host</dt><dd>{e(ti["hostname"] or "—")} '
+            f'(pid {e(ti["pid"] or "—")})</dd><dt>took</dt>'
+            f'<dd>{seconds(readers.took(ti)) or "—"}</dd></dl>'
+            + _value_block("Return value", ti.get("result"))
+            + (f'<h2>Error</h2><pre class="error">{e(ti["error"])}</pre>' if ti["error"] else "")
+            + "<h2>Attempts</h2>"
+            + table(["attempt", "outcome", "host", "pid", "queued", "started", "ended", "took",
+                     "result", "error"], (_attempt_row(a) for a in attempts),
+                    empty="no attempt has ended yet"))
+    return ui.page(request, f"{task_id} · {run_id}", body, active="/runs",
+                   poll=f"/api/runs/{seg(run_id)}/tasks/{seg(task_id)}")
+
+
+def _value_block(title: str, value: Any) -> str:
+    if value is None:
+        return ""
+    return f'<h2>{e(title)}</h2><pre class="value">{e(json.dumps(value, indent=2))}</pre>'
+
+
+def _attempt_row(a: dict[str, Any]) -> list[str]:
+    result = a.get("result")
+    return [str(a["attempt"]), badge(a["outcome"]), e(a["hostname"]), e(a["pid"]),
+            when(a["queued_at"]), when(a["started_at"]), when(a["ended_at"]),
+            seconds(a["took"]),
+            f"<code>{e(readers.short(json.dumps(result)))}</code>" if result is not None else "",
+            f'<pre class="error">{e(a["error"])}</pre>' if a["error"] else ""]

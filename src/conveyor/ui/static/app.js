@@ -1,0 +1,107 @@
+// Conveyor dashboard: live refresh and actions. No framework, no build step.
+//
+// Live: <main data-poll="/api/..."> names the JSON endpoint behind the page. While the tab is
+// visible, this polls it; when the JSON changes, it fetches the page's content again
+// (?partial=1) and swaps it in: no reload, and nothing is polled while nobody looks.
+// Actions: <form class="action"> POSTs to an action endpoint with the operator's token (kept
+// in this tab's session storage, sent in the X-Conveyor-Token header, never in a cookie).
+"use strict";
+
+const POLL_MS = 2000;
+const TOKEN_KEY = "conveyor-token";
+let lastJson = null;
+let timer = null;
+
+function flash(text, ok) {
+  const box = document.getElementById("flash");
+  if (!box) return;
+  box.textContent = text;
+  box.className = ok ? "ok" : "bad";
+  box.hidden = false;
+}
+
+function partialUrl() {
+  const u = new URL(window.location.href);
+  u.searchParams.set("partial", "1");
+  return u.toString();
+}
+
+async function refresh() {
+  const main = document.getElementById("content");
+  const res = await fetch(partialUrl(), {cache: "no-store"});
+  if (res.ok) {
+    main.innerHTML = await res.text();
+    document.dispatchEvent(new Event("conveyor:refreshed"));
+  }
+}
+
+async function poll() {
+  timer = null;
+  const main = document.getElementById("content");
+  const api = main && main.dataset.poll;
+  if (!api || document.visibilityState !== "visible") return;
+  try {
+    const res = await fetch(api, {cache: "no-store"});
+    const text = await res.text();
+    const busy = main.contains(document.activeElement) &&
+      ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
+    if (lastJson !== null && text !== lastJson && !busy) await refresh();
+    if (!busy) lastJson = text;
+    document.getElementById("live").hidden = false;
+  } catch (err) {
+    document.getElementById("live").hidden = true;
+  }
+  schedule();
+}
+
+function schedule() {
+  if (timer === null) timer = setTimeout(poll, POLL_MS);
+}
+
+async function act(form) {
+  if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) return;
+  const body = {};
+  for (const [k, v] of new FormData(form).entries()) body[k] = v;
+  const res = await fetch(form.action, {
+    method: "POST",
+    headers: {"Content-Type": "application/json",
+              "X-Conveyor-Token": sessionStorage.getItem(TOKEN_KEY) || ""},
+    body: JSON.stringify(body),
+  });
+  let doc = {};
+  try { doc = await res.json(); } catch (err) { doc = {error: res.statusText}; }
+  flash(res.ok ? (doc.message || "done") : (doc.error || "refused"), res.ok);
+  if (res.ok) {
+    if (doc.location) { window.location.href = doc.location; return; }
+    await refresh();
+  }
+}
+
+function showToken() {
+  const state = document.getElementById("token-state");
+  if (state) state.textContent = sessionStorage.getItem(TOKEN_KEY) ? "token set" : "no token";
+}
+
+document.addEventListener("submit", (event) => {
+  const form = event.target;
+  if (form.id === "token-form") {
+    event.preventDefault();
+    const input = document.getElementById("token");
+    if (input.value) sessionStorage.setItem(TOKEN_KEY, input.value);
+    else sessionStorage.removeItem(TOKEN_KEY);
+    input.value = "";
+    showToken();
+  } else if (form.classList.contains("action")) {
+    event.preventDefault();
+    act(form).catch((err) => flash(String(err), false));
+  }
+});
+
+document.addEventListener("visibilitychange", () => {
+  if (document.visibilityState === "visible") schedule();
+});
+
+document.addEventListener("DOMContentLoaded", () => {
+  showToken();
+  schedule();
+});
