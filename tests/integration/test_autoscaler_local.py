@@ -25,6 +25,7 @@ from conveyor.autoscaler.targets.local import LocalWorkers
 from conveyor.broker import Broker, Depth, from_url
 from conveyor.client import Client
 from conveyor.message import Message
+from conveyor.state import store as stores
 from tests.integration.workerkit import APP, ROOT, worker_env
 from tests.support import wait_for
 
@@ -114,8 +115,10 @@ def test_scales_from_zero_drains_and_returns_to_zero(
     for i in range(TASKS):
         client.enqueue(Message(queue=unique, task="t.record", args=(str(record), f"k{i}", 0.1)))
     port = free_port()
+    state_url = f"sqlite:///{tmp_path}/state.db"
     proc = autoscaler({
-        "broker_url": url, "metrics_port": port, "metrics_addr": "127.0.0.1",
+        "broker_url": url, "state_url": state_url, "metrics_port": port,
+        "metrics_addr": "127.0.0.1",
         "targets": {"local": {
             "kind": "local", "queues": [unique], "slots_per_replica": 4, "max_replicas": 3,
             "polling_interval": 0.2, "cooldown": 1.5, "stabilization_window": 0.5,
@@ -146,6 +149,25 @@ def test_scales_from_zero_drains_and_returns_to_zero(
     for bad in ("interrupted", "cold shutdown", "killing", "exited on its own"):
         assert bad not in out, f"{bad!r} in the log:\n{out[-4000:]}"
     assert 2 <= out.count("started worker") <= 6
+    recorded_decisions(state_url)
+
+
+def recorded_decisions(state_url: str) -> None:
+    """The journal kept what the log says, for the dashboard: each change with its reason,
+    and the target's last evaluation."""
+    store = stores.from_url(state_url)
+    try:
+        changes = [(r["from_replicas"], r["to_replicas"], r["reason"])
+                   for r in reversed(store.rows("recent_scalings", limit=50))]
+        [target] = store.rows("scalers")
+    finally:
+        store.close()
+    assert changes[0][:2] == (0, 1) and changes[0][2].startswith("activated")
+    assert any(before == 1 and after in (2, 3) for before, after, _ in changes)
+    assert changes[-1][1] == 0 and "cooldown" in changes[-1][2]
+    assert (target["target"], target["kind"], target["replicas"], target["desired"]) == (
+        "local", "local", 0, 0)
+    assert target["error"] is None and target["max_replicas"] == 3
 
 
 def test_scale_down_stops_the_idle_worker_and_drains_the_busy_one(tmp_path: Path,

@@ -43,6 +43,15 @@ def hog(mib: int) -> int:
     return len(chunks)
 
 
+@task(name="t.hold")
+def hold(mib: int, seconds: float) -> int:
+    """Hold `mib` MiB (every page touched) for `seconds`: memory a heartbeat can see."""
+    chunk = bytearray(mib * 1024 * 1024)
+    chunk[::4096] = b"x" * len(chunk[::4096])
+    time.sleep(seconds)
+    return len(chunk)
+
+
 @task(name="t.soft")
 def soft(seconds: float) -> str:
     try:

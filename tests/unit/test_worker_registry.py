@@ -26,6 +26,24 @@ def test_beats_upsert_one_row_and_close_deletes_it(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_beat_carries_what_each_runner_slot_holds(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    registry = Registry(url, "box-1", ("default",), 2, 10.0, clock=lambda: 100.0)
+    runners = {"limiter": "cgroup2", "slots": [
+        {"slot": 0, "task": "t.hold", "memory": 50 << 20, "limit": 256 << 20, "seconds": 1.5},
+        {"slot": 1, "task": None, "memory": 3 << 20}]}
+    registry.beat(1, runners)
+    store = stores.from_url(url)
+    try:
+        [record] = workers(store)
+        assert record.runners == runners
+        registry.beat(0)          # a beat without runners (they could not be read)
+        assert workers(store)[0].runners is None
+    finally:
+        registry.close()
+        store.close()
+
+
 def test_an_unreachable_store_never_raises(tmp_path: Path) -> None:
     registry = Registry("postgresql://nobody@127.0.0.1:1/none", "box", ("q",), 1, 1.0)
     registry.beat(0)

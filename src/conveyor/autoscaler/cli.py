@@ -28,6 +28,9 @@ def register(commands: argparse._SubParsersAction) -> None:
              help="TOML file of targets (see below)")
     env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
              help="broker URL (default: the file's broker_url, else the embedded SQLite file)")
+    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
+             help="state store where decisions are recorded for the dashboard (default: the "
+                  "file's state_url; with no broker given either, the embedded SQLite file)")
     env_flag(p, "--metrics-port", env="CONVEYOR_AUTOSCALER_METRICS_PORT", default=None,
              kind=port, help="port of /metrics and /api/v1/queues/<queue> (default: the "
              "file's metrics_port, else 9400; 0: off)")
@@ -40,6 +43,8 @@ def run_autoscaler(args: argparse.Namespace) -> int:
     config = configs.load(args.config)
     if args.broker:
         config = replace(config, broker_url=args.broker)
+    if args.state:
+        config = replace(config, state_url=args.state)
     if args.metrics_port is not None:
         config = replace(config, metrics_port=args.metrics_port)
     daemon, server = daemons.build(config)

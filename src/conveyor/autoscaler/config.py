@@ -5,6 +5,9 @@ the file, the key and what is allowed. Unknown keys are errors too: a misspelt
 `cooldown_period` must not silently leave the 300 s default in place.
 
     broker_url = "redis://redis:6379/0"   # else CONVEYOR_BROKER_URL, else embedded SQLite
+    state_url = "postgresql://…"            # where decisions are recorded for the dashboard
+                                            # (else CONVEYOR_STATE_URL; embedded SQLite when
+                                            # no broker_url is given either)
     metrics_port = 9400                     # /metrics and /api/v1/queues/<q> (0: off)
 
     [kubernetes]                            # for kind = "kubernetes" targets
@@ -69,6 +72,7 @@ class TargetConfig:
 @dataclass(frozen=True)
 class AutoscalerConfig:
     broker_url: str = ""
+    state_url: str = ""
     metrics_port: int = 9400
     metrics_addr: str = "0.0.0.0"
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
@@ -91,6 +95,7 @@ def parse(data: dict[str, Any], source: str = "autoscaler config") -> Autoscaler
     top = _Table(data, "", source)
     config = AutoscalerConfig(
         broker_url=top.get("broker_url", str, ""),
+        state_url=top.get("state_url", str, ""),
         metrics_port=top.get("metrics_port", int, 9400, _port),
         metrics_addr=top.get("metrics_addr", str, "0.0.0.0"),
         kubernetes=_kubernetes(top.table("kubernetes")),

@@ -5,7 +5,8 @@ new work while it is at zero. One evaluation: read the depth of its queues throu
 broker seam (an error makes the load unknown: fallback replicas), read its replicas, ask
 the pure rule (`policy.decide`) and, if the answer differs, scale. A target that cannot be
 reached is logged and retried at the next poll. The loop itself only sleeps between
-deadlines and pokes: an idle autoscaler costs next to nothing.
+deadlines and pokes: an idle autoscaler costs next to nothing. With a state store, each
+evaluation and replica change is recorded there for the dashboard (`journal.py`).
 
 On SIGTERM it stops evaluating, stops its watches and drains its local workers; Kubernetes
 Deployments keep their replicas (the next autoscaler takes over from there).
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from conveyor import broker as brokers
 from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
+from conveyor.autoscaler.journal import Evaluation, Journal
 from conveyor.autoscaler.metrics import AutoscalerMetrics, MetricsServer
 from conveyor.autoscaler.policy import Decision, Load, Memory, decide
 from conveyor.autoscaler.probes import read_depths, total
@@ -29,6 +31,7 @@ from conveyor.autoscaler.targets import Target, TargetError
 from conveyor.autoscaler.watch import ZeroWatch
 from conveyor.broker import Broker
 from conveyor.errors import ConveyorError
+from conveyor.state.store import monitoring_url
 
 log = logging.getLogger("conveyor.autoscaler")
 
@@ -43,14 +46,17 @@ class Scaled:
     due: float = 0.0
     watch: ZeroWatch | None = None
     depth_failing: bool = False
+    error: str | None = None   # why the target could not be read or scaled, this evaluation
 
 
 class Daemon:
     def __init__(self, targets: Sequence[tuple[TargetConfig, Target]], broker: Broker,
                  metrics: AutoscalerMetrics | None = None,
                  open_broker: Callable[[], Broker] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 journal: Journal | None = None) -> None:
         self.broker = broker
+        self.journal = journal
         self.metrics = metrics or AutoscalerMetrics()
         self.clock = clock
         now = clock()
@@ -110,20 +116,35 @@ class Daemon:
     def evaluate(self, s: Scaled, now: float) -> Decision | None:
         """Read, decide, scale; None if the target itself could not be read."""
         s.due = now + s.config.polling_interval
+        s.error = None
         load = self._load(s)
         try:
             current = s.target.replicas()
         except TargetError as exc:
             self._target_failed(s, exc)
+            self._record(s, None, None, load, "the target's replicas could not be read")
             return None
         decision = decide(s.config.rule, current, load, s.memory, now)
         s.memory = decision.memory
         replicas = self._apply(s, current, decision)
         self.metrics.replicas.labels(s.config.name).set(replicas)
         self.metrics.desired.labels(s.config.name).set(decision.replicas)
+        self._record(s, replicas, decision.replicas, load, decision.reason)
         if s.watch is not None:
             s.watch.at_zero(replicas == 0)
         return decision
+
+    def _record(self, s: Scaled, replicas: int | None, desired: int | None,
+                load: Load | None, reason: str) -> None:
+        """Tell the journal (if there is one) what this evaluation saw and chose."""
+        if self.journal is None:
+            return
+        c = s.config
+        self.journal.evaluated(Evaluation(
+            target=c.name, kind=c.kind, queues=",".join(c.queues), replicas=replicas,
+            desired=desired, min_replicas=c.rule.min_replicas, max_replicas=c.rule.max_replicas,
+            ready=load.ready if load else None, in_flight=load.in_flight if load else None,
+            reason=reason, error=s.error, polling_interval=c.polling_interval))
 
     def _load(self, s: Scaled) -> Load | None:
         try:
@@ -157,9 +178,12 @@ class Daemon:
         self.metrics.scalings.labels(s.config.name, direction).inc()
         log.info("target %s: %d -> %d replicas: %s", s.config.name, current,
                  decision.replicas, decision.reason)
+        if self.journal is not None:
+            self.journal.scaled(s.config.name, current, decision.replicas, decision.reason)
         return decision.replicas
 
     def _target_failed(self, s: Scaled, exc: TargetError) -> None:
+        s.error = str(exc)
         self.metrics.errors.labels(s.config.name, "target").inc()
         log.error("target %s: %s; trying again in %gs", s.config.name, exc,
                   s.config.polling_interval)
@@ -193,6 +217,8 @@ class Daemon:
             except Exception as exc:
                 log.error("target %s: closing failed: %s", s.config.name, exc)
         self.broker.close()
+        if self.journal is not None:
+            self.journal.close()
 
 
 def build(config: AutoscalerConfig) -> tuple[Daemon, MetricsServer | None]:
@@ -206,7 +232,12 @@ def build(config: AutoscalerConfig) -> tuple[Daemon, MetricsServer | None]:
     server = None
     if config.metrics_port:
         server = MetricsServer(metrics, open_broker, config.metrics_port, config.metrics_addr)
-    return Daemon(targets, broker, metrics, open_broker), server
+    state_url = monitoring_url(config.broker_url, config.state_url)
+    if state_url is None and targets:
+        log.info("autoscaler: decisions are not recorded for the dashboard; give --state "
+                 "(CONVEYOR_STATE_URL, or state_url in the file) to record them")
+    journal = Journal(state_url) if state_url else None
+    return Daemon(targets, broker, metrics, open_broker, journal=journal), server
 
 
 def make_target(t: TargetConfig, config: AutoscalerConfig) -> Target:

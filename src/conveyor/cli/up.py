@@ -161,7 +161,8 @@ def _autoscaler_config(plan: Plan, args: argparse.Namespace,
     target = TargetConfig(name="workers", kind="local", queues=plan.queues, rule=rule,
                           polling_interval=1.0, drain_timeout=args.drain_timeout,
                           worker_args=tuple(worker_args))
-    return AutoscalerConfig(broker_url=plan.broker_url, metrics_port=args.metrics_port,
+    return AutoscalerConfig(broker_url=plan.broker_url, state_url=plan.state_url,
+                            metrics_port=args.metrics_port,
                             metrics_addr="127.0.0.1", targets=(target,))
 
 

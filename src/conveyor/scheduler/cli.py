@@ -11,10 +11,19 @@ import argparse
 import logging
 import signal
 
-from conveyor.config import env_flag, log_level, port, positive_int, positive_seconds, url
+from conveyor.config import (
+    env_flag,
+    log_level,
+    port,
+    positive_int,
+    positive_seconds,
+    seconds,
+    url,
+)
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.loader import Loaded, load_folder
+from conveyor.scheduler.sampler import DEFAULT_INTERVAL
 from conveyor.state import store as stores
 
 log = logging.getLogger("conveyor.scheduler")
@@ -50,6 +59,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     env_flag(p, "--kubernetes-pending-timeout", env="CONVEYOR_KUBERNETES_PENDING_TIMEOUT",
              default=300.0, kind=positive_seconds,
              help="seconds a pod may stay Pending before it fails")
+    env_flag(p, "--queue-sample-interval", env="CONVEYOR_QUEUE_SAMPLE_INTERVAL",
+             default=DEFAULT_INTERVAL, kind=seconds,
+             help="seconds between samples of queue depth, kept a few hours for the "
+                  "dashboard's chart (0: none)")
     env_flag(p, "--metrics-port", env="CONVEYOR_SCHEDULER_METRICS_PORT", default=0, kind=port,
              help="serve Prometheus /metrics on this port (0: off)")
     env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
@@ -61,7 +74,7 @@ def config_from(args: argparse.Namespace) -> SchedulerConfig:
     """The settings these flags imply (flags > CONVEYOR_* environment > defaults)."""
     flags = {name: getattr(args, name, None) for name in (
         "dags_folder", "executors", "local_slots", "kubernetes_namespace", "kubernetes_image",
-        "kubernetes_pending_timeout")}
+        "kubernetes_pending_timeout", "queue_sample_interval")}
     return SchedulerConfig.from_env(broker_url=args.broker or None,
                                     state_url=args.state or None, **flags)
 

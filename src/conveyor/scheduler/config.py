@@ -15,6 +15,7 @@ from conveyor.config import Settings
 from conveyor.errors import ConfigError
 from conveyor.scheduler.engine import EVENTS_QUEUE, PUBLISH_GRACE
 from conveyor.scheduler.loader import IMPORT_TIMEOUT
+from conveyor.scheduler.sampler import DEFAULT_INTERVAL
 
 EXECUTORS = ("queue", "local", "kubernetes")
 CONTROL_QUEUE = "conveyor.scheduler.control"
@@ -24,6 +25,7 @@ ENV_VARS = {"dags_folder": "CONVEYOR_DAGS_FOLDER", "executors": "CONVEYOR_EXECUT
             "event_lease": "CONVEYOR_SCHEDULER_EVENT_LEASE",
             "dag_import_timeout": "CONVEYOR_DAG_IMPORT_TIMEOUT",
             "local_slots": "CONVEYOR_LOCAL_SLOTS",
+            "queue_sample_interval": "CONVEYOR_QUEUE_SAMPLE_INTERVAL",
             "kubernetes_namespace": "CONVEYOR_KUBERNETES_NAMESPACE",
             "kubernetes_image": "CONVEYOR_KUBERNETES_IMAGE",
             "kubernetes_pending_timeout": "CONVEYOR_KUBERNETES_PENDING_TIMEOUT"}
@@ -48,6 +50,8 @@ class SchedulerConfig:
     kubernetes_namespace: str = "default"
     kubernetes_image: str = ""
     kubernetes_pending_timeout: float = 300.0
+    #: Seconds between samples of queue depth for the dashboard's chart (0: none).
+    queue_sample_interval: float = DEFAULT_INTERVAL
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, broker_url: str | None = None,
@@ -77,7 +81,8 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
         out["executors"] = tuple(e.strip() for e in out["executors"].split(",") if e.strip())
     for name, kind in (("publish_grace", float), ("event_lease", float),
                        ("dag_import_timeout", float), ("local_slots", int),
-                       ("kubernetes_pending_timeout", float)):
+                       ("kubernetes_pending_timeout", float),
+                       ("queue_sample_interval", float)):
         if isinstance(out.get(name), str):
             try:
                 out[name] = kind(out[name])

@@ -32,6 +32,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.executors import Executor
 from conveyor.scheduler.executors.queue import QueueExecutor
+from conveyor.scheduler.sampler import Sampler
 from conveyor.state import store as stores
 from conveyor.tasks import REGISTRY
 
@@ -102,6 +103,8 @@ class Daemon:
         self.waker = Waker(broker.wakeup)
         self._stop = threading.Event()
         self._renewed = time.monotonic()
+        #: Records queue depth for the dashboard, on its own thread (None: not sampling).
+        self.sampler: Sampler | None = None
         #: Called with each applied event's lag (now minus its timestamp), for metrics.
         self.on_applied: Callable[[float], None] = lambda lag: None
         engine.on_deadline = self.waker.at
@@ -120,6 +123,8 @@ class Daemon:
         """Until `stop()`, or with `burst` until no run is queued or running."""
         for executor in self.executors.values():
             executor.start(self.report)
+        if self.sampler is not None:
+            self.sampler.start()
         self.engine.sync_dags(time.time())
         self._tick()
         finished = ticked_at = self.engine.runs_finished
@@ -197,6 +202,8 @@ class Daemon:
 
     def close(self) -> None:
         self.waker.close()
+        if self.sampler is not None:
+            self.sampler.close()
         for executor in self.executors.values():
             executor.close()
         self.broker.close()
@@ -244,8 +251,14 @@ def build(config: SchedulerConfig, dags: Mapping[str, DAG]) -> Daemon:
                     publish_grace=config.publish_grace)
     broker = brokers.from_url(config.settings.broker_url)
     broker.lease_seconds = config.event_lease
-    return Daemon(engine, broker, executors, events_queue=config.events_queue,
-                  control_queue=config.control_queue)
+    daemon = Daemon(engine, broker, executors, events_queue=config.events_queue,
+                    control_queue=config.control_queue)
+    if config.queue_sample_interval:
+        daemon.sampler = Sampler(
+            config.settings.state_url or stores.default_url(),
+            lambda: brokers.from_url(config.settings.broker_url),
+            config.queue_sample_interval, always=("default", config.events_queue))
+    return daemon
 
 
 def poke(config: SchedulerConfig, run_id: str) -> None:

@@ -26,6 +26,17 @@ def default_url() -> str:
     return f"sqlite:///{data_dir() / 'scheduler.db'}"
 
 
+def monitoring_url(broker_url: str, state_url: str) -> str | None:
+    """Where a daemon records what it does for `conveyor status` and the dashboard (a
+    worker's heartbeat, the autoscaler's decisions): the configured state store; with
+    neither a broker nor a state store configured (the embedded default), the default one.
+    A daemon given only a broker URL records nothing: its state store would be a file no
+    one else reads."""
+    if state_url:
+        return state_url
+    return None if broker_url else default_url()
+
+
 class Store:
     """Named queries over one database connection. Not thread-safe: one per thread."""
 

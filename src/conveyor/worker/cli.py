@@ -199,7 +199,8 @@ def _register(settings: Settings, supervisor: Supervisor) -> Registry | None:
         return None
     c = supervisor.config
     registry = Registry(url, c.hostname, c.queues, c.concurrency, c.heartbeat_interval)
-    return registry.start(lambda: len(supervisor.running) + len(supervisor.pending))
+    return registry.start(lambda: len(supervisor.running) + len(supervisor.pending),
+                          supervisor.runners)
 
 
 def _celery_intake(args: argparse.Namespace, settings: Settings) -> Any:

@@ -208,6 +208,17 @@ class Pool:
                 runner.task = None
                 raise
 
+    def usage(self) -> list[tuple[Lane, Any, int | None]]:
+        """(lane, the task it runs or None, bytes charged to its cgroup now) for each lane.
+
+        Safe from any thread (the worker registry's heartbeat reads it); the memory is read
+        outside the lock, one small cgroup file per lane.
+        """
+        with self._lock:
+            held = [(lane, lane.busy.task if lane.busy is not None else None)
+                    for lane in self.lanes]
+        return [(lane, task, lane.slot.usage()) for lane, task in held]
+
     def oom_killed(self, runner: Runner) -> bool:
         """Whether the kernel OOM-killed something in the runner's lane during its task.
 

@@ -4,7 +4,9 @@ Each `conveyor worker` upserts one row in the state store (the scheduler's datab
 store every deployment already shares, whatever the broker) every heartbeat interval, from a
 thread of its own so a slow database never delays a task; a clean stop deletes the row.
 `conveyor status` reads the rows and marks a worker *stale* when its last heartbeat is older
-than `STALE_AFTER` intervals: killed, frozen, or cut off from the database.
+than `STALE_AFTER` intervals: killed, frozen, or cut off from the database. Each beat also
+carries what every runner slot holds (task, memory charged to its lane against its cap), for
+the dashboard's Workers page.
 
 Monitoring must never stop work: a store that cannot be reached is logged once and tried
 again at the next beat.
@@ -12,13 +14,14 @@ again at the next beat.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:   # imported when the first heartbeat opens it, not when the worker starts
     from conveyor.state.store import Store
@@ -44,6 +47,9 @@ class WorkerRecord:
     interval: float
     started_at: float
     heartbeat_at: float
+    #: {"limiter": kind, "slots": [{"slot", "task", "memory", "limit", ...}]}, or None from
+    #: a worker that reports no runners
+    runners: dict[str, Any] | None = None
 
     @property
     def free(self) -> int:
@@ -55,7 +61,8 @@ class WorkerRecord:
 
 def workers(store: Store) -> list[WorkerRecord]:
     """Every registered worker."""
-    return [WorkerRecord(**row) for row in store.rows("workers")]
+    return [WorkerRecord(**{**row, "runners": json.loads(row["runners"]) if row.get("runners")
+                            else None}) for row in store.rows("workers")]
 
 
 class Registry:
@@ -74,26 +81,30 @@ class Registry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, busy: Callable[[], int]) -> Registry:
-        """Beat now and then every interval; `busy()` is the number of held deliveries."""
-        self._thread = threading.Thread(target=self._loop, args=(busy,), daemon=True,
+    def start(self, busy: Callable[[], int],
+              runners: Callable[[], dict[str, Any]] | None = None) -> Registry:
+        """Beat now and then every interval; `busy()` is the number of held deliveries,
+        `runners()` what each runner slot holds (see `WorkerRecord.runners`)."""
+        self._thread = threading.Thread(target=self._loop, args=(busy, runners), daemon=True,
                                         name="conveyor-worker-registry")
         self._thread.start()
         return self
 
-    def _loop(self, busy: Callable[[], int]) -> None:
+    def _loop(self, busy: Callable[[], int],
+              runners: Callable[[], dict[str, Any]] | None) -> None:
         while True:
-            self.beat(busy())
+            self.beat(busy(), _safely(runners))
             if self._stop.wait(self.interval):
                 return
 
-    def beat(self, busy: int) -> None:
+    def beat(self, busy: int, runners: dict[str, Any] | None = None) -> None:
         """Upsert the row; log (once) and carry on if the store cannot be reached."""
         try:
             store = self._open()
             now = self.clock()
             with store.transaction():
-                store.exec("upsert_worker", **self.row, busy=busy, now=now)
+                store.exec("upsert_worker", **self.row, busy=busy, now=now,
+                           runners=json.dumps(runners) if runners is not None else None)
                 store.exec("forget_workers", now=now, older_than=FORGET_AFTER)
         except Exception as exc:  # monitoring must never stop work
             self._broken(exc)
@@ -135,10 +146,24 @@ class Registry:
             log.warning("worker registry: could not remove this worker's row: %s", exc)
 
 
+def _safely(runners: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
+    """What the runners hold; None (and a debug line) if it cannot be read this beat: the
+    heartbeat itself must go out."""
+    if runners is None:
+        return None
+    try:
+        return runners()
+    except Exception as exc:  # monitoring must never stop the heartbeat
+        log.debug("worker registry: cannot read the runners' memory: %s", exc)
+        return None
+
+
 def state_url_for(broker_url: str, state_url: str) -> str | None:
     """Where a worker registers: the configured state store; with neither a broker nor a
     state store configured (the embedded default), the default one. A worker given only a
-    broker URL does not register: its state store would be a file no one else reads."""
+    broker URL does not register: its state store would be a file no one else reads.
+    (`state.store.monitoring_url` is the same rule for the other daemons; this copy keeps a
+    worker without a state store from importing the store at all.)"""
     if state_url:
         return state_url
     if broker_url:

@@ -302,6 +302,21 @@ class Supervisor:
         self._tell("started", m, run.delivery.queue, pid=runner.pid)
         self._gauges()
 
+    def runners(self) -> dict[str, Any]:
+        """What each runner slot holds now, for the worker's heartbeat (from any thread):
+        its task (the name only: a command's arguments may hold secrets), for how long,
+        and the memory charged to its lane now against the task's cap (0: no cap)."""
+        now, slots = time.monotonic(), []
+        for lane, run, used in self.pool.usage():
+            slot: dict[str, Any] = {"slot": lane.index, "memory": used, "task": None}
+            if isinstance(run, Run):
+                m = run.message
+                slot.update(task=m.task or (m.command[0] if m.command else ""), id=m.id,
+                            queue=m.queue, seconds=round(now - run.started, 1),
+                            limit=lane.slot.memory_limit)
+            slots.append(slot)
+        return {"limiter": self.limiter.kind, "slots": slots}
+
     def _limits(self, m: Message) -> tuple[int, float, float]:
         """Memory cap, hard and soft time limits: the message's, else the task's, else ours."""
         c = self.config

@@ -336,13 +336,15 @@ CREATE TABLE conveyor_workers (
 );
 
 -- name: upsert_worker
+-- `runners`: what each of its runner slots holds, as JSON (see worker/registry.py).
 INSERT INTO conveyor_workers (worker_id, hostname, pid, queues, concurrency, busy, interval,
-                              started_at, heartbeat_at)
+                              started_at, heartbeat_at, runners)
 VALUES (:worker_id, :hostname, :pid, :queues, :concurrency, :busy, :interval,
-        :started_at, :now)
+        :started_at, :now, :runners)
 ON CONFLICT (worker_id) DO UPDATE
    SET busy = excluded.busy, queues = excluded.queues, concurrency = excluded.concurrency,
-       interval = excluded.interval, heartbeat_at = excluded.heartbeat_at;
+       interval = excluded.interval, heartbeat_at = excluded.heartbeat_at,
+       runners = excluded.runners;
 
 -- name: delete_worker
 DELETE FROM conveyor_workers WHERE worker_id = :worker_id;
@@ -511,3 +513,92 @@ SELECT t.run_id, t.task_id, t.position, t.state, t.attempt, r.logical_date,
  WHERE t.run_id IN (SELECT run_id FROM conveyor_runs WHERE dag_id = :dag_id
                      ORDER BY logical_date DESC LIMIT :limit)
  ORDER BY r.logical_date, t.position;
+
+-- name: migration_0008
+-- What the dashboard charts and lists. Queue depth sampled by the scheduler (one row per
+-- queue per sampling period, `at` the period's start, so two schedulers write it once; kept
+-- a few hours). Attempts found by when they ended, for throughput and failure rate. Each
+-- worker's runners (memory against cap) on its heartbeat row. Each autoscaler target's
+-- last evaluation, and the replica changes it made, with their reasons.
+CREATE TABLE conveyor_queue_samples (
+    at           REAL NOT NULL,
+    queue        TEXT NOT NULL,
+    ready        INTEGER NOT NULL,
+    in_flight    INTEGER NOT NULL,
+    delayed      INTEGER NOT NULL,
+    dead         INTEGER NOT NULL,
+    PRIMARY KEY (at, queue)
+);
+CREATE INDEX conveyor_attempts_ended ON conveyor_attempts (ended_at);
+ALTER TABLE conveyor_workers ADD COLUMN runners TEXT;
+CREATE TABLE conveyor_scalers (
+    target           TEXT PRIMARY KEY,
+    kind             TEXT NOT NULL,
+    queues           TEXT NOT NULL,
+    replicas         INTEGER,
+    desired          INTEGER,
+    min_replicas     INTEGER NOT NULL,
+    max_replicas     INTEGER NOT NULL,
+    ready            INTEGER,
+    in_flight        INTEGER,
+    reason           TEXT NOT NULL,
+    error            TEXT,
+    polling_interval REAL NOT NULL,
+    evaluated_at     REAL NOT NULL
+);
+CREATE TABLE conveyor_scalings (
+    at           REAL NOT NULL,
+    target       TEXT NOT NULL,
+    from_replicas INTEGER NOT NULL,
+    to_replicas  INTEGER NOT NULL,
+    reason       TEXT NOT NULL,
+    PRIMARY KEY (at, target)
+);
+
+-- name: insert_queue_sample
+INSERT INTO conveyor_queue_samples (at, queue, ready, in_flight, delayed, dead)
+VALUES (:at, :queue, :ready, :in_flight, :delayed, :dead)
+ON CONFLICT (at, queue) DO NOTHING;
+
+-- name: forget_queue_samples
+DELETE FROM conveyor_queue_samples WHERE at < :before;
+
+-- name: queue_samples
+SELECT * FROM conveyor_queue_samples WHERE at >= :since ORDER BY queue, at;
+
+-- name: outcomes_per_minute
+-- Attempts that ended since :since, per queue and minute: succeeded, and failed in any way
+-- (failed, OOM-killed, timed out, dead-lettered), whether or not a retry follows.
+SELECT t.queue, CAST(a.ended_at / 60 AS INTEGER) * 60 AS minute,
+       SUM(CASE WHEN a.outcome = 'succeeded' THEN 1 ELSE 0 END) AS succeeded,
+       SUM(CASE WHEN a.outcome = 'succeeded' THEN 0 ELSE 1 END) AS failed
+  FROM conveyor_attempts a JOIN conveyor_task_instances t ON t.ti_id = a.ti_id
+ WHERE a.ended_at >= :since
+ GROUP BY t.queue, minute ORDER BY t.queue, minute;
+
+-- name: upsert_scaler
+INSERT INTO conveyor_scalers (target, kind, queues, replicas, desired, min_replicas,
+                              max_replicas, ready, in_flight, reason, error, polling_interval,
+                              evaluated_at)
+VALUES (:target, :kind, :queues, :replicas, :desired, :min_replicas, :max_replicas, :ready,
+        :in_flight, :reason, :error, :polling_interval, :now)
+ON CONFLICT (target) DO UPDATE
+   SET kind = excluded.kind, queues = excluded.queues, replicas = excluded.replicas,
+       desired = excluded.desired, min_replicas = excluded.min_replicas,
+       max_replicas = excluded.max_replicas, ready = excluded.ready,
+       in_flight = excluded.in_flight, reason = excluded.reason, error = excluded.error,
+       polling_interval = excluded.polling_interval, evaluated_at = excluded.evaluated_at;
+
+-- name: insert_scaling
+INSERT INTO conveyor_scalings (at, target, from_replicas, to_replicas, reason)
+VALUES (:now, :target, :from_replicas, :to_replicas, :reason)
+ON CONFLICT (at, target) DO NOTHING;
+
+-- name: forget_scalings
+DELETE FROM conveyor_scalings WHERE at < :before;
+
+-- name: scalers
+SELECT * FROM conveyor_scalers ORDER BY target;
+
+-- name: recent_scalings
+SELECT * FROM conveyor_scalings ORDER BY at DESC, target LIMIT :limit;

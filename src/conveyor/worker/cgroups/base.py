@@ -194,6 +194,11 @@ class Slot:
         """The kernel's record of this task: OOM kills and peak memory."""
         raise NotImplementedError
 
+    def usage(self) -> int | None:
+        """Bytes of memory charged to this slot now (what its cap is held against), or None
+        where it cannot be read. One small file read: cheap enough for every heartbeat."""
+        return None
+
     def kill_all(self) -> int:
         """SIGKILL every process under this cap; returns how many were signalled."""
         raise NotImplementedError

@@ -94,6 +94,16 @@ class _RlimitSlot(Slot):
     def outcome(self) -> SlotOutcome:
         return SlotOutcome(False, None, None)
 
+    def usage(self) -> int | None:
+        """The admitted runner's resident memory (the cap itself is on address space)."""
+        if self._admitted is None:
+            return None
+        try:
+            pages = int(_read(f"/proc/{self._admitted}/statm").split()[1])
+        except (OSError, ValueError, IndexError):   # it exited meanwhile
+            return None
+        return pages * resource.getpagesize()
+
     def kill_all(self) -> int:
         """Nothing to enumerate without a cgroup: kill the runner's process group instead."""
         return 0

@@ -18,6 +18,7 @@ from conveyor.worker.cgroups.base import (
     SlotOutcome,
     _alive,
     _check_limit,
+    _int_or_none,
     _kill_until_empty,
     _pids,
     _read,
@@ -136,6 +137,9 @@ def _try_rmdir(path: Path) -> bool:
 class _CgroupSlot(Slot):
     """A task's own cgroup; subclasses say which files hold the cap and the counters."""
 
+    #: the file holding the memory charged to the cgroup now
+    usage_file = ""
+
     def __init__(self, path: Path, name: str, memory_limit: int,
                  forget: Callable[[str], None], home: Path | None) -> None:
         super().__init__(name, memory_limit, forget)
@@ -194,6 +198,14 @@ class _CgroupSlot(Slot):
         except OSError as exc:
             raise CgroupError(f"could not read the memory counters of {self.path}: "
                               f"{exc.strerror}") from exc
+
+    def usage(self) -> int | None:
+        if self._removed or self.path is None:
+            return None
+        try:
+            return _int_or_none(self.path / self.usage_file)
+        except OSError:   # removed meanwhile: nothing is charged to it any more
+            return None
 
     def kill_all(self) -> int:
         assert self.path is not None

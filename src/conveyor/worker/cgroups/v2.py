@@ -32,6 +32,7 @@ from conveyor.worker.cgroups.hierarchy import (
 
 class _Cgroup2Slot(_CgroupSlot):
     kind = "cgroup2"
+    usage_file = "memory.current"
 
     def configure(self) -> None:
         """memory.max, then no swap (a cap that swaps is no cap), then group OOM kills."""
