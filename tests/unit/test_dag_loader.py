@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conveyor.scheduler.loader import load_folder
+from conveyor.scheduler.folder import load_folder
 
 GOOD = '''
 from conveyor.scheduler import DAG

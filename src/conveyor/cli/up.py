@@ -36,7 +36,7 @@ from conveyor.errors import ConfigError
 from conveyor.scheduler import examples
 from conveyor.scheduler.daemon import task_modules
 from conveyor.scheduler.dag import DAG
-from conveyor.scheduler.loader import load_folder
+from conveyor.scheduler.folder import load_folder
 from conveyor.scheduler.runs import create_run
 from conveyor.state import store as stores
 from conveyor.worker.isolation import die_with_parent

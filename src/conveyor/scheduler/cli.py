@@ -21,8 +21,8 @@ from conveyor.config import (
     url,
 )
 from conveyor.scheduler import daemon as daemons
-from conveyor.scheduler.config import SchedulerConfig
-from conveyor.scheduler.loader import Loaded, load_folder
+from conveyor.scheduler.config import RELOAD_INTERVAL, SchedulerConfig
+from conveyor.scheduler.folder import DagFolder, Loaded, load_folder
 from conveyor.scheduler.sampler import DEFAULT_INTERVAL
 from conveyor.state import store as stores
 
@@ -50,6 +50,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     common_flags(p)
     env_flag(p, "--burst", env="CONVEYOR_SCHEDULER_BURST", default=False, kind=bool,
              help="exit when no run is queued or running")
+    env_flag(p, "--dags-reload-interval", env="CONVEYOR_DAGS_RELOAD_INTERVAL",
+             default=RELOAD_INTERVAL, kind=seconds,
+             help="seconds between looks at the DAGs folder: added, changed and removed files "
+                  "are loaded again without a restart (0: only on SIGHUP)")
     env_flag(p, "--local-slots", env="CONVEYOR_LOCAL_SLOTS", default=4, kind=positive_int,
              help="tasks the local executor runs at once")
     env_flag(p, "--kubernetes-namespace", env="CONVEYOR_KUBERNETES_NAMESPACE",
@@ -73,24 +77,32 @@ def register(commands: argparse._SubParsersAction) -> None:
 def config_from(args: argparse.Namespace) -> SchedulerConfig:
     """The settings these flags imply (flags > CONVEYOR_* environment > defaults)."""
     flags = {name: getattr(args, name, None) for name in (
-        "dags_folder", "executors", "local_slots", "kubernetes_namespace", "kubernetes_image",
-        "kubernetes_pending_timeout", "queue_sample_interval")}
+        "dags_folder", "executors", "dags_reload_interval", "local_slots",
+        "kubernetes_namespace", "kubernetes_image", "kubernetes_pending_timeout",
+        "queue_sample_interval")}
     return SchedulerConfig.from_env(broker_url=args.broker or None,
                                     state_url=args.state or None, **flags)
 
 
 def run_scheduler(args: argparse.Namespace) -> int:
     config = config_from(args)
-    loaded = load(config)
+    folder = DagFolder(config.dags_folder, config.executors,
+                       import_timeout=config.dag_import_timeout)
+    folder.refresh()
+    loaded = folder.loaded()
     for error in loaded.errors:
         log.error("DAG not loaded: %s", error)
-    log.info("scheduler starting: %d DAG(s) (%s), executors %s", len(loaded.dags),
-             ", ".join(loaded.dags) or "none", ",".join(config.executors))
+    log.info("scheduler starting: %d DAG(s) (%s), executors %s, DAG files looked at %s",
+             len(loaded.dags), ", ".join(loaded.dags) or "none", ",".join(config.executors),
+             f"every {config.dags_reload_interval:g} s" if config.dags_reload_interval
+             else "on SIGHUP only")
     daemon = daemons.build(config, loaded.dags)
+    daemon.watch(folder, config.dags_reload_interval)
     if args.metrics_port:
         serve_metrics(daemon, config, args.metrics_port, len(loaded.errors))
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: daemon.stop())
+    signal.signal(signal.SIGHUP, lambda *_: daemon.reload())
     try:
         daemon.run(burst=args.burst)
     finally:
@@ -104,6 +116,7 @@ def serve_metrics(daemon: daemons.Daemon, config: SchedulerConfig, port_number: 
     from conveyor.scheduler.metrics import SchedulerMetrics
     metrics = SchedulerMetrics(config.settings.state_url or stores.default_url())
     metrics.load_errors.set(load_errors)
+    daemon.on_reloaded = metrics.load_errors.set
     daemon.on_applied = metrics.event_lag.observe
     daemon.engine.on_dispatched = metrics.dispatched
     metrics.serve(port_number)

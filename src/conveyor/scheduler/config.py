@@ -19,11 +19,14 @@ from conveyor.scheduler.sampler import DEFAULT_INTERVAL
 
 EXECUTORS = ("queue", "local", "kubernetes")
 CONTROL_QUEUE = "conveyor.scheduler.control"
+#: Default seconds between looks at the DAGs folder (Airflow's file processor: 30).
+RELOAD_INTERVAL = 5.0
 #: setting -> the environment variable that sets it
 ENV_VARS = {"dags_folder": "CONVEYOR_DAGS_FOLDER", "executors": "CONVEYOR_EXECUTORS",
             "events_queue": "CONVEYOR_EVENTS_QUEUE",
             "event_lease": "CONVEYOR_SCHEDULER_EVENT_LEASE",
             "dag_import_timeout": "CONVEYOR_DAG_IMPORT_TIMEOUT",
+            "dags_reload_interval": "CONVEYOR_DAGS_RELOAD_INTERVAL",
             "local_slots": "CONVEYOR_LOCAL_SLOTS",
             "queue_sample_interval": "CONVEYOR_QUEUE_SAMPLE_INTERVAL",
             "kubernetes_namespace": "CONVEYOR_KUBERNETES_NAMESPACE",
@@ -46,6 +49,9 @@ class SchedulerConfig:
     event_lease: float = 5.0
     #: Seconds one DAG file may take to import before it is stopped (0: no limit).
     dag_import_timeout: float = IMPORT_TIMEOUT
+    #: Seconds between looks at the DAGs folder for added, changed or removed files (a stat
+    #: of each file; only those that changed are loaded again). 0: only on SIGHUP.
+    dags_reload_interval: float = RELOAD_INTERVAL
     local_slots: int = 4
     kubernetes_namespace: str = "default"
     kubernetes_image: str = ""
@@ -68,6 +74,9 @@ class SchedulerConfig:
         if not self.executors or unknown:
             raise ConfigError(f"executors {','.join(self.executors)!r}: each must be one of "
                               f"{', '.join(EXECUTORS)} (the first is the default)")
+        if not 0 <= self.dags_reload_interval < float("inf"):
+            raise ConfigError(f"CONVEYOR_DAGS_RELOAD_INTERVAL={self.dags_reload_interval!r} is "
+                              "not a number of seconds, 0 or more (0: reload DAGs on SIGHUP only)")
         if "kubernetes" in self.executors and not self.kubernetes_image:
             raise ConfigError("the kubernetes executor needs an image: set "
                               "--kubernetes-image (CONVEYOR_KUBERNETES_IMAGE)")
@@ -80,8 +89,8 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
     if isinstance(out.get("executors"), str):
         out["executors"] = tuple(e.strip() for e in out["executors"].split(",") if e.strip())
     for name, kind in (("publish_grace", float), ("event_lease", float),
-                       ("dag_import_timeout", float), ("local_slots", int),
-                       ("kubernetes_pending_timeout", float),
+                       ("dag_import_timeout", float), ("dags_reload_interval", float),
+                       ("local_slots", int), ("kubernetes_pending_timeout", float),
                        ("queue_sample_interval", float)):
         if isinstance(out.get(name), str):
             try:

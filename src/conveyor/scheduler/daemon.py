@@ -7,6 +7,10 @@ deadline the engine reported comes due: a `Waker` thread sleeps until then and c
 (local, kubernetes) hand events to `report`, which queues them for the main thread and
 wakes it the same way. So an idle scheduler sleeps in the kernel; nothing polls.
 
+With a DAGs folder to watch (`watch`), the loop also looks at it every
+`dags_reload_interval` seconds (a stat per file) and on SIGHUP, and runs what the files
+declare now: see `folder.py`. Runs in progress keep the version they started with.
+
 Everything touching the store or the broker runs on the main thread. If an executor's
 background thread dies, or an event cannot be applied, the loop stops with the error: the
 process manager restarts a clean process, and unsettled events are delivered again.
@@ -32,6 +36,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.executors import Executor
 from conveyor.scheduler.executors.queue import QueueExecutor
+from conveyor.scheduler.folder import DagFolder
 from conveyor.scheduler.sampler import Sampler
 from conveyor.state import store as stores
 from conveyor.tasks import REGISTRY
@@ -107,7 +112,24 @@ class Daemon:
         self.sampler: Sampler | None = None
         #: Called with each applied event's lag (now minus its timestamp), for metrics.
         self.on_applied: Callable[[float], None] = lambda lag: None
+        #: Called with the number of DAG load errors after a look that changed something.
+        self.on_reloaded: Callable[[int], None] = lambda errors: None
+        self.folder: DagFolder | None = None
+        self.reload_interval = 0.0
+        self._look_at = float("inf")
         engine.on_deadline = self.waker.at
+
+    def watch(self, folder: DagFolder, interval: float) -> None:
+        """Run what `folder` declares, looking again every `interval` seconds (0: only when
+        `reload()` asks)."""
+        self.folder = folder
+        self.reload_interval = interval
+        self._look_at = time.monotonic() + interval if interval else float("inf")
+
+    def reload(self) -> None:
+        """Look at the DAGs folder now (from any thread or a signal handler: SIGHUP)."""
+        self._look_at = 0.0
+        self.broker.wakeup()
 
     def report(self, event: Event) -> None:
         """Take an executor's event (from any thread) for the main loop to apply."""
@@ -128,14 +150,16 @@ class Daemon:
         self.engine.sync_dags(time.time())
         self._tick()
         finished = ticked_at = self.engine.runs_finished
-        for delivery in self.broker.consume(self.queues, prefetch=PREFETCH, timeout=IDLE_TICK):
+        idle = min(IDLE_TICK, self.reload_interval or IDLE_TICK)
+        for delivery in self.broker.consume(self.queues, prefetch=PREFETCH, timeout=idle):
             for executor in self.executors.values():
                 executor.check()
+            reloaded = self._look()
             self._drain_inbox()
             poked = delivery is not None and self._receive(delivery)
             self._renew_leases()
             ended = self.engine.runs_finished != ticked_at   # catch-up may continue
-            if poked or ended or delivery is None or self.waker.fired():
+            if poked or ended or reloaded or delivery is None or self.waker.fired():
                 ticked_at = self.engine.runs_finished
                 self._tick()
             if self._stop.is_set():
@@ -144,6 +168,25 @@ class Daemon:
                 finished = self.engine.runs_finished
                 if self._idle():
                     return
+
+    def _look(self) -> bool:
+        """Reload the DAG files that changed, if a look is due; True if a DAG changed."""
+        now = time.monotonic()
+        if self.folder is None or now < self._look_at:
+            return False
+        self._look_at = now + self.reload_interval if self.reload_interval else float("inf")
+        changes = self.folder.refresh()
+        for change in changes:
+            (log.warning if change.error else log.info)("%s", change)
+        if not changes:
+            return False
+        dags = self.folder.dags
+        self.engine.use_dags(dags, {c.dag_id for c in changes if c.new}, time.time())
+        default = next(iter(self.executors), "")
+        for name, executor in self.executors.items():
+            executor.use_apps(task_modules(dags, name, default))
+        self.on_reloaded(len(self.folder.errors))
+        return True
 
     def _renew_leases(self) -> None:
         """Keep the events claimed in a batch ours while we work through them (a third of

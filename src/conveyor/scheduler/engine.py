@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from conveyor.events import Event
@@ -124,6 +124,15 @@ class Engine:
         with self.store.transaction():
             for dag in self.dags.values():
                 record_dag(self.store, dag, now)
+
+    def use_dags(self, dags: Mapping[str, DAG], changed: Iterable[str], now: float) -> None:
+        """Schedule `dags` from now on (hot reload), recording those in `changed`. A DAG no
+        longer there gets no new runs; its runs in progress finish (a run is a snapshot)."""
+        self.dags = dict(dags)
+        with self.store.transaction():
+            for dag_id in sorted(changed):
+                if dag_id in self.dags:
+                    record_dag(self.store, self.dags[dag_id], now)
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
-"""Loading DAG files: every `*.py` in a folder, each on its own, so one bad file stops only
-its own DAGs.
+"""Loading one DAG file, on its own, so one bad file stops only its own DAGs (`folder.py`
+loads a folder's files, and reloads those that change).
 
 A file is imported as a fresh module and every `DAG` among its globals is collected. An
-import that raises, a cycle, a dependency on a missing task, an executor this scheduler does
-not have, or a DAG id two files both claim becomes a `DagError` whose message starts with the
-file and line to fix. A DAG's version is a hash of its file's source, recorded on each run.
+import that raises, a cycle, a dependency on a missing task, or an executor this scheduler
+does not have becomes a `DagError` whose message starts with the file and line to fix. A
+DAG's version is a hash of its file's source, recorded on each run.
 
 Paths in errors, `dags list` and the store are absolute: one convention, whatever the
 current directory of the process that reads them.
@@ -27,7 +27,6 @@ import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from conveyor.scheduler.dag import DAG
@@ -40,54 +39,6 @@ IMPORT_TIMEOUT = 30.0
 class ImportTimeout(BaseException):
     """Raised inside a DAG file's import when its time is up (a BaseException, so the
     file's own `except Exception` does not swallow it)."""
-
-
-@dataclass
-class Loaded:
-    """What a folder yielded: the DAGs that can run, and an error per thing that cannot."""
-
-    dags: dict[str, DAG] = field(default_factory=dict)
-    errors: list[DagError] = field(default_factory=list)
-
-
-def load_folder(folder: str | Path, executors: Sequence[str] = (), *,
-                import_timeout: float = IMPORT_TIMEOUT) -> Loaded:
-    """Load every DAG file in `folder` (not recursive; files starting with '_' skipped).
-
-    The folder joins `sys.path`, as in Airflow, so DAG files can import modules beside them,
-    and so does the current directory, from which `conveyor worker --app` imports the task
-    modules: a DAG file imports them the same way (`from billing.tasks import ...`).
-    """
-    loaded = Loaded()
-    root = Path(folder).resolve()
-    if not root.is_dir():
-        loaded.errors.append(DagError(None, f"DAGs folder {str(root)!r} does not exist: pass "
-                                            "--dags-folder or set CONVEYOR_DAGS_FOLDER"))
-        return loaded
-    for importable in (root, Path.cwd()):
-        if str(importable) not in sys.path:
-            sys.path.append(str(importable))
-    for path in sorted(root.glob("*.py")):
-        if not path.name.startswith("_"):
-            _add_file(loaded, path, executors, import_timeout)
-    return loaded
-
-
-def _add_file(loaded: Loaded, path: Path, executors: Sequence[str],
-              import_timeout: float) -> None:
-    try:
-        dags = load_file(path, executors, import_timeout=import_timeout)
-    except DagError as exc:
-        loaded.errors.append(exc)
-        return
-    for dag in dags:
-        other = loaded.dags.get(dag.dag_id)
-        if other is not None:
-            loaded.errors.append(DagError(dag.location, (
-                f"DAG id {dag.dag_id!r} is also declared at {other.location}: DAG ids must be "
-                "unique across the folder; this one is not loaded")))
-        else:
-            loaded.dags[dag.dag_id] = dag
 
 
 def load_file(path: Path, executors: Sequence[str] = (), *,
@@ -132,7 +83,7 @@ def _import(path: Path, timeout: float) -> object:
     except (Exception, SystemExit) as exc:  # a DAG file may raise anything, even exit
         raise DagError(_line_in(path, exc), (
             f"{type(exc).__name__}: {exc} (while importing the DAG file; "
-            "fix it and the scheduler loads it on its next start)")) from None
+            "fix it: a running scheduler loads the file again when it changes)")) from None
     finally:
         sys.modules.pop(name, None)
     return module

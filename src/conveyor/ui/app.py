@@ -25,7 +25,7 @@ from conveyor import broker as brokers
 from conveyor.errors import BrokerError, ConveyorError, StateStoreUnavailable
 from conveyor.locations import redact
 from conveyor.scheduler.config import SchedulerConfig
-from conveyor.scheduler.loader import Loaded, load_folder
+from conveyor.scheduler.folder import Loaded, load_folder
 from conveyor.state import store as stores
 from conveyor.state.store import Store
 from conveyor.ui import auth

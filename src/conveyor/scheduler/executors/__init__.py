@@ -11,7 +11,7 @@ them to the `report` callback they are started with.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,11 @@ class Executor(abc.ABC):
     def submit(self, workload: Workload) -> None:
         """Start the attempt. ExecutorError if it can never run; other errors stop the
         scheduler (the attempt is republished after a restart)."""
+
+    def use_apps(self, apps: Sequence[str]) -> None:
+        """The modules registering the tasks this executor runs changed (a DAG file was
+        reloaded). Executors whose workers import them at start (local) restart them."""
+        return None
 
     def check(self) -> None:
         """Raise if a background part died: the scheduler stops rather than limp along."""
