@@ -7,9 +7,11 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,12 +38,20 @@ def ups() -> Iterator[list[subprocess.Popen[str]]]:
         close(proc)
 
 
-def start_up(env: dict[str, str], ups: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_up(env: dict[str, str], ups: list[subprocess.Popen[str]],
+             ui_port: int = 0) -> subprocess.Popen[str]:
     """`conveyor up` in the test's directory; its logs go to up.log there."""
     folder = Path(env["CONVEYOR_HOME"]).parent
     with open(folder / "up.log", "a") as logs:
         proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "up", "--metrics-port=0",
-                                 "--drain-timeout=5"], env=env, text=True, cwd=folder,
+                                 "--drain-timeout=5", f"--ui-port={ui_port}"], env=env,
+                                text=True, cwd=folder,
                                 stdout=subprocess.PIPE, stderr=logs)
     ups.append(proc)
     return proc
@@ -126,10 +136,14 @@ def interrupt(proc: subprocess.Popen[str]) -> list[int]:
 
 def test_up_runs_revenue_to_success_drains_on_ctrl_c_and_resumes(
         env: dict[str, str], ups: list[subprocess.Popen[str]]) -> None:
-    first = start_up(env, ups)
+    port = free_port()
+    first = start_up(env, ups, ui_port=port)
     lines = read_until(first, "of revenue: success")
     assert any("broker       sqlite:///" in line for line in lines)
     run_id = lines[-1].split()[1]
+    assert f"  dashboard    http://127.0.0.1:{port}/ (read-only" in "".join(lines)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs/{run_id}") as shown:
+        assert json.loads(shown.read())["run"]["state"] == "success"
     status = conveyor_json(env, "status")
     [run] = [r for r in status["runs"] if r["run_id"] == run_id]  # type: ignore[attr-defined]
     assert run["state"] == "success" and len(run["tasks"]) == 6

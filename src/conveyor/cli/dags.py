@@ -19,13 +19,14 @@ from conveyor.cli.output import json_argument, table
 from conveyor.cli.runs import show_run
 from conveyor.config import checked, non_negative_int, seconds, size
 from conveyor.errors import ConfigError
+from conveyor.readers.dags import dag_rows, load_errors
 from conveyor.readers.runs import DONE
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.cli import common_flags, config_from, load
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.errors import RunError
-from conveyor.scheduler.runs import iso, trigger
+from conveyor.scheduler.runs import trigger
 from conveyor.state import store as stores
 
 SUBMIT_DAG = "_submit"
@@ -92,14 +93,10 @@ def run_dags_list(args: argparse.Namespace) -> int:
     loaded = load(config)
     store = stores.from_url(config.settings.state_url)
     try:
-        known = {row["dag_id"]: row for row in store.rows("dags")}
-        last = {row["dag_id"]: row for row in store.rows("last_runs")}
+        rows = dag_rows(loaded, store)
     finally:
         store.close()
-    rows = [_dag_row(dag, known.get(dag.dag_id), last.get(dag.dag_id))
-            for dag in loaded.dags.values()]
-    errors = [{"file": e.location.file if e.location else "", "line": e.location.line
-               if e.location else 0, "error": str(e)} for e in loaded.errors]
+    errors = load_errors(loaded)
     if args.json:
         print(json.dumps({"dags": rows, "errors": errors}, indent=2))
     else:
@@ -108,15 +105,6 @@ def run_dags_list(args: argparse.Namespace) -> int:
         for error in loaded.errors:
             print(f"error: {error}", file=sys.stderr)
     return 1 if errors else 0
-
-
-def _dag_row(dag: DAG, known: dict[str, Any] | None, last: dict[str, Any] | None) -> dict[str, Any]:
-    return {"dag_id": dag.dag_id, "schedule": dag.schedule or "", "tasks": len(dag.tasks),
-            "version": dag.version, "file": dag.file,
-            "next_run": iso(known["next_tick"]) if known and known["next_tick"] else "",
-            "last_run": last["run_id"] if last else "",
-            "last_state": last["state"] if last else "",
-            "paused": bool(known and known.get("paused"))}
 
 
 def run_dags_trigger(args: argparse.Namespace) -> int:

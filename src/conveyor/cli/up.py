@@ -31,6 +31,7 @@ from conveyor import broker as brokers
 from conveyor.autoscaler import daemon as autoscalers
 from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
 from conveyor.autoscaler.policy import Rule
+from conveyor.cli import ui
 from conveyor.config import Settings, env_flag, log_level, port, positive_int, seconds, url
 from conveyor.errors import ConfigError
 from conveyor.scheduler import examples
@@ -39,6 +40,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.folder import load_folder
 from conveyor.scheduler.runs import create_run
 from conveyor.state import store as stores
+from conveyor.ui.server import Server as UiServer
 from conveyor.worker.isolation import die_with_parent
 from conveyor.worker.registry import workers
 
@@ -71,6 +73,11 @@ def register(commands: argparse._SubParsersAction) -> None:
              kind=port, help="the autoscaler's /metrics and queue-depth API (0: off)")
     env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
              help="log level")
+    env_flag(p, "--ui-port", env="CONVEYOR_UI_PORT", default=ui.PORT, kind=port,
+             help="the dashboard's port (0: no dashboard)")
+    env_flag(p, "--ui-host", env="CONVEYOR_UI_HOST", default="127.0.0.1",
+             help="the dashboard's address")
+    ui.token_setting(p)
     p.set_defaults(run=run_up)
 
 
@@ -115,9 +122,18 @@ def run_up(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot serve the autoscaler's metrics on port "
                           f"{args.metrics_port} ({exc.strerror}): pass --metrics-port with a "
                           "free port, or 0 for none") from None
+    try:
+        dashboard = _start_dashboard(plan, args)
+    except ConfigError:
+        if server is not None:
+            server.close()
+        scheduler.terminate()
+        scheduler.wait()
+        raise
     stopper = Stopper(scheduler, daemon)
     stopper.install()
-    _banner(plan, loaded.dags, server.port if server else 0, scheduler.pid, args.max_workers)
+    _banner(plan, loaded.dags, server.port if server else 0, scheduler.pid, args.max_workers,
+            dashboard)
     if plan.examples:
         _create_todays_runs(plan, loaded.dags)
     printer = RunPrinter(plan.state_url, stopper)
@@ -127,6 +143,8 @@ def run_up(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
+        if dashboard is not None:
+            dashboard.stop()
         stopper.stop_scheduler()
         printer.stop()
     code = scheduler.wait()
@@ -149,6 +167,17 @@ def _start_scheduler(plan: Plan, level: str, fmt: str) -> subprocess.Popen[bytes
                             preexec_fn=lambda: die_with_parent(signal.SIGTERM))
 
 
+def _start_dashboard(plan: Plan, args: argparse.Namespace) -> UiServer | None:
+    """`conveyor ui` in a thread of this process, over the same store, broker and DAGs."""
+    if not args.ui_port:
+        return None
+    board = ui.dashboard(plan.broker_url, plan.state_url, str(plan.dags_folder), "queue",
+                         plan.queues)
+    server = ui.bind(board, args.ui_host, args.ui_port, "--ui-port")
+    server.start()
+    return server
+
+
 def _autoscaler_config(plan: Plan, args: argparse.Namespace,
                        dags: dict[str, DAG]) -> AutoscalerConfig:
     """One local target: worker processes for the queues, started on demand, down to zero."""
@@ -167,7 +196,11 @@ def _autoscaler_config(plan: Plan, args: argparse.Namespace,
 
 
 def _banner(plan: Plan, dags: dict[str, DAG], port: int, scheduler_pid: int,
-            max_workers: int) -> None:
+            max_workers: int, dashboard: UiServer | None) -> None:
+    board = "off (--ui-port 0)"
+    if dashboard is not None:
+        board = dashboard.address + ("" if dashboard.dashboard.config.token else
+                                     f" (read-only: set {ui.TOKEN_ENV} for actions)")
     lines = [
         "conveyor up",
         f"  broker       {brokers.redact(plan.broker_url)}",
@@ -177,6 +210,7 @@ def _banner(plan: Plan, dags: dict[str, DAG], port: int, scheduler_pid: int,
         f"  workers      0 to {max_workers} on demand, "
         f"queues {','.join(plan.queues)}; each logs the port of its /metrics",
         f"  autoscaler   {f'http://127.0.0.1:{port}/metrics' if port else 'metrics off'}",
+        f"  dashboard    {board}",
         "  see          conveyor status | conveyor runs list | conveyor dead-letters list",
         "  stop         Ctrl-C drains; a second Ctrl-C stops at once"]
     print("\n".join(lines), flush=True)

@@ -37,6 +37,8 @@ log = logging.getLogger("conveyor.ui")
 #: The page modules, in the order their links appear in the navigation.
 PAGES = (
     "conveyor.ui.pages.runs",
+    "conveyor.ui.pages.dags",
+    "conveyor.ui.pages.deadletters",
     "conveyor.ui.pages.api",
 )
 #: Idle state stores kept open for the next request.

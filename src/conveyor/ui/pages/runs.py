@@ -61,6 +61,7 @@ def _date(request: Request, name: str, default: float, *, end: bool) -> float:
 
 
 def runs_api(ui: Dashboard, request: Request) -> Response:
+    """Runs newest first; filters: dag, state, since, until (dates or ISO times), limit."""
     with ui.store() as store:
         rows = readers.find_runs(store, **filters(request))
     return Response.json({"runs": [{**r, "took": readers.took(r)} for r in rows]})
@@ -101,6 +102,7 @@ def _run_row(run: dict[str, Any]) -> list[str]:
 # -- one run --------------------------------------------------------------------------------
 
 def run_api(ui: Dashboard, request: Request, run_id: str) -> Response:
+    """One run: its task instances, their attempts, and the DAG's edges."""
     with ui.store() as store:
         detail = readers.run_detail(store, run_id)
     if detail is None:
@@ -192,6 +194,7 @@ def _ti_row(run_id: str, ti: dict[str, Any]) -> list[str]:
 # -- one task instance ----------------------------------------------------------------------
 
 def task_api(ui: Dashboard, request: Request, run_id: str, task_id: str) -> Response:
+    """One task instance and every attempt of it (host, pid, outcome, result, error)."""
     with ui.store() as store:
         detail = readers.task_detail(store, run_id, task_id)
     if detail is None:
