@@ -28,3 +28,13 @@ def tenant_job(tenant: str, ledger: str, seconds: float = 0.0) -> None:
 def rated_job(ledger: str) -> None:
     _note(ledger, "S", "rated")
     _note(ledger, "E", "rated")
+
+
+@task(name="f.hold", concurrency=Limit(key="held", max=1), max_retries=0)
+def hold(ledger: str, tag: str, marker: str = "") -> None:
+    """Hold the key a minute the first time (`marker` not there yet), briefly after."""
+    _note(ledger, "S", tag)
+    if marker and not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(60)
+    _note(ledger, "E", tag)

@@ -6,17 +6,23 @@ from the ledger (never from the limiter's own counters).
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conveyor.broker import Broker, from_url
+from conveyor import limits
+from conveyor.broker import Broker, Publication, from_url
 from conveyor.client import Client
+from conveyor.message import Codec
 from tests.conftest import POSTGRES_URL, REDIS_URL, clean_transport, require_service
 from tests.integration import flow_tasks
-from tests.integration.workerkit import finish, start_worker, worker_env
+from tests.integration.workerkit import finish, start_worker, stop, worker_env
+from tests.support import wait_for
 
 APP = "tests.integration.flow_tasks"
 # backend -> (service, broker URL for a test, extra settings)
@@ -98,3 +104,94 @@ def test_a_rate_of_10_a_second_spaces_100_tasks_over_10_seconds(
     assert len(ends) == 100, outputs[0][-3000:]
     # reservations are 0.1 s apart from the first start: 99 intervals, plus delivery jitter
     assert 9.5 <= ends[-1] - starts[0] <= 11.0, (starts[0], starts[-1], ends[-1])
+
+
+def waiting(url: str, extra: dict[str, str], key: str) -> int:
+    limiter = limits.from_url(limits.url_for(url, extra.get("CONVEYOR_STATE_URL", ""),
+                                             extra.get("CONVEYOR_LIMITS_URL", "")))
+    try:
+        return sum(u.waiting for u in limiter.usage(time.time()) if u.key == key)
+    finally:
+        limiter.close()
+
+
+def started(ledger: Path, tag: str) -> float | None:
+    found = [at for what, at, t in ledger_lines(ledger) if what == "S" and t == tag] \
+        if ledger.exists() else []
+    return found[0] if found else None
+
+
+def test_a_worker_killed_with_9_gives_its_token_back_after_the_lease(
+        setup: tuple[str, dict[str, str]], tmp_path: Path, unique: str) -> None:
+    url, extra = setup
+    ledger, marker = tmp_path / "ledger", tmp_path / "marker"
+    with from_url(url) as broker:
+        enqueue_all(broker, [flow_tasks.hold.message((str(ledger), "first", str(marker)),
+                                                     queue=unique)])
+        [holder] = workers(url, unique, 1, extra, burst=False)
+        try:
+            wait_for(lambda: started(ledger, "first"), 60, "the first task to start")
+            enqueue_all(broker, [flow_tasks.hold.message((str(ledger), "second"),
+                                                         queue=unique)])
+            [other] = workers(url, unique, 1, extra, burst=False)
+            wait_for(lambda: waiting(url, extra, "held") == 1, 60,
+                     "the second task to be parked: the key is held")
+            assert started(ledger, "second") is None
+            holder.send_signal(signal.SIGKILL)
+            killed_at = time.time()
+            holder.wait(10)
+            second = wait_for(lambda: started(ledger, "second"), 30,
+                              "the parked task to start once the lease lapsed")
+        finally:
+            stop(holder, signal.SIGKILL)
+            if "other" in locals():
+                stop(other)
+                finish(other, 30)
+            finish(holder, 10)
+    lease = 3.0  # the worker's lease: 3 heartbeats of 1 s (workerkit)
+    assert 1.0 <= second - killed_at <= lease + 4.0
+
+
+class Logs:
+    """Reads a worker's output as it runs (so a test can wait for "consuming")."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        assert proc.stdout is not None
+        stream = proc.stdout
+        self.thread = threading.Thread(target=lambda: self.lines.extend(stream), daemon=True)
+        self.thread.start()
+
+    def consuming(self) -> bool:
+        return any(" consuming " in line for line in list(self.lines))
+
+
+def test_one_task_of_key_b_starts_within_a_task_duration_behind_a_backlog_of_key_a(
+        setup: tuple[str, dict[str, str]], tmp_path: Path, unique: str) -> None:
+    url, extra = setup
+    # parking 1,000 messages must take less than one task: at 150-500 parks a second on this
+    # 2-core machine under load (Postgres the slowest), 8 s leaves room
+    ledger, duration = tmp_path / "ledger", 8.0
+    codec = Codec()
+    backlog = [flow_tasks.tenant_job.message(("a", str(ledger), duration), queue=unique)
+               for _ in range(1000)]
+    single = flow_tasks.tenant_job.message(("b", str(ledger), 0.0), queue=unique)
+    procs = workers(url, unique, 4, extra, "--drain-timeout=0", burst=False)
+    logs = [Logs(p) for p in procs]
+    try:
+        wait_for(lambda: all(log.consuming() for log in logs), 60, "4 workers to consume")
+        with from_url(url) as broker:
+            broker.publish_many([Publication(unique, codec.encode(m)) for m in backlog])
+            broker.publish(unique, codec.encode(single))
+        b_started = wait_for(lambda: started(ledger, "b"), 90, "key B's task to start")
+    finally:
+        for proc in procs:
+            stop(proc)
+        for proc, log in zip(procs, logs, strict=True):
+            proc.wait(30)
+            log.thread.join(10)
+            assert proc.stdout is not None
+            proc.stdout.close()
+    first_a = started(ledger, "a")
+    assert first_a is not None
+    assert b_started - first_a <= duration, (b_started - first_a)

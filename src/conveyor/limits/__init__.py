@@ -28,9 +28,19 @@ def url_for(broker_url: str, state_url: str, limits_url: str = "") -> str:
         return limits_url
     if not broker_url:
         return f"sqlite:///{data_dir() / 'conveyor.db'}"  # the embedded broker's file
+    if _scheme(broker_url) in ("postgresql", "postgres"):
+        return _shared_postgres(broker_url)
     if _scheme(broker_url) in BACKENDS:
         return broker_url
     return state_url or f"sqlite:///{data_dir() / 'scheduler.db'}"
+
+
+def _shared_postgres(broker_url: str) -> str:
+    """The broker's Postgres URL for the limiter: its commits are asynchronous when the
+    broker's acks are (see `PostgresLimiter`)."""
+    if "ack_commit=sync" in broker_url:
+        return broker_url
+    return broker_url + ("&" if "?" in broker_url else "?") + "commit=async"
 
 
 def _scheme(url: str) -> str:

@@ -71,7 +71,7 @@ class SqlLimiter(Limiter):
                 for s in specs}
         full = self._full(tx, parcel.id, specs, rows, now)
         if full is not None:
-            self._park(tx, parcel, specs, full)
+            self._park(tx, parcel, full)
             return Decision("parked", full.key)
         if not reserved:
             delay = self._reserve_rates(tx, specs, rows, now)
@@ -81,36 +81,27 @@ class SqlLimiter(Limiter):
             if s.kind == "c":
                 tx.rows("grant", key=s.key, holder=parcel.id, weight=s.weight,
                         expires=now + lease)
-                tx.rows("unpark_drop", id=parcel.id, key=s.key)
+        tx.rows("unpark_drop", id=parcel.id)
         return Decision("run")
 
     def _full(self, tx: Tx, holder: str, specs: Sequence[Spec], rows: dict[str, Any],
               now: float) -> Spec | None:
+        """The first concurrency key with no room for `holder` (lapsed tokens ignored:
+        they are deleted by `release` and `sweep`)."""
         for s in specs:
             if s.kind != "c":
                 continue
-            tx.rows("purge", key=s.key, now=now)
-            if tx.rows("holds", key=s.key, holder=holder):
-                continue
+            used, holds = tx.rows("room", key=s.key, holder=holder, now=now)[0]
             limit = rows[s.key][0] if rows[s.key][0] is not None else s.max
-            if tx.rows("used", key=s.key)[0][0] + s.weight > limit:
+            if not holds and used + s.weight > limit:
                 return s
         return None
 
-    def _park(self, tx: Tx, parcel: Parcel, specs: Sequence[Spec], full: Spec) -> None:
-        for s in specs:
-            if s.kind == "c":
-                tx.rows("drop", key=s.key, holder=parcel.id)
-        state = tx.rows("parked_state", id=parcel.id)
-        if not state:
-            tx.rows("park", id=parcel.id, key=full.key, seq=self._seq(tx), queue=parcel.queue,
-                    body=parcel.body, priority=parcel.priority, weight=full.weight)
-        elif state[0][1] is not None or state[0][0] != full.key:  # moving, or parked elsewhere
-            tx.rows("repark", id=parcel.id, key=full.key, seq=self._seq(tx))
+    def _park(self, tx: Tx, parcel: Parcel, full: Spec) -> None:
+        tx.rows("drop_all", holder=parcel.id)  # parked, it holds nothing anywhere
+        tx.rows(f"park_{self.dialect}", id=parcel.id, key=full.key, queue=parcel.queue,
+                body=parcel.body, priority=parcel.priority, weight=full.weight)
         tx.rows("deny", key=full.key)
-
-    def _seq(self, tx: Tx) -> int:
-        return int(tx.rows(f"next_seq_{self.dialect}")[0][0])
 
     def _reserve_rates(self, tx: Tx, specs: Sequence[Spec], rows: dict[str, Any],
                        now: float) -> float:
@@ -270,8 +261,9 @@ class _PostgresTx:
         return list(self.cur.fetchall()) if self.cur.description else []
 
 
-def parse_postgres_url(url: str) -> tuple[dict[str, Any], str]:
-    """(psycopg connect arguments, schema) from `postgresql://…?schema=x`."""
+def parse_postgres_url(url: str) -> tuple[dict[str, Any], str, bool]:
+    """(psycopg connect arguments, schema, commit asynchronously) from
+    `postgresql://…?schema=x&commit=async`."""
     from psycopg.conninfo import conninfo_to_dict
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
@@ -279,29 +271,53 @@ def parse_postgres_url(url: str) -> tuple[dict[str, Any], str]:
     if not _SCHEMA_NAME.fullmatch(schema):
         raise ConfigError(f"limits URL {redact(url)!r}: schema {schema!r} is not allowed; use "
                           "lowercase letters, digits and _")
-    ours = ("schema", "ack_commit", "retry_seconds", "reconnect_seconds")
+    commit = dict(query).get("commit", "sync")
+    if commit not in ("sync", "async"):
+        raise ConfigError(f"limits URL {redact(url)!r}: commit={commit!r} must be sync or async")
+    ours = ("schema", "ack_commit", "retry_seconds", "reconnect_seconds", "commit")
     rest = [(k, v) for k, v in query if k not in ours]
     params = conninfo_to_dict(urlunsplit(parts._replace(query=urlencode(rest))))
     params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
-    return params, schema
+    return params, schema, commit == "async"
 
 
 class PostgresLimiter(SqlLimiter):
-    """Limits in tables beside the broker's (or the state store's), in one schema."""
+    """Limits in tables beside the broker's (or the state store's), in one schema.
+
+    `commit=async` (what `limits.url_for` asks for when the limits share the Postgres broker's
+    database and its acks commit asynchronously): a park's commit does not wait for the WAL
+    flush. That is safe for the same reason the broker's async ack is: the WAL is written in
+    order, so the broker's ack of a parked message, committed after the park, cannot survive
+    a crash that the park did not. With limits in another database, commits are synchronous.
+    """
 
     dialect = "postgres"
 
     def __init__(self, url: str) -> None:
         import psycopg
         from psycopg import sql
-        params, self.schema = parse_postgres_url(url)
+        params, self.schema, async_commit = parse_postgres_url(url)
         self._conn = psycopg.connect(**params, autocommit=True)
+        if async_commit:
+            self._conn.execute("SET synchronous_commit = off")
         with self._conn.transaction():
             self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                                (f"conveyor-limits-ddl:{self.schema}",))
             self._conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
                 sql.Identifier(self.schema)))
             self._conn.execute(Q["schema_postgres"])
+            self._conn.execute(Q["admit_function_postgres"])
+
+    def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
+              rate_reserved: bool = False) -> Decision:
+        """One round trip: the steps of `SqlLimiter._admit` in a server-side function."""
+        row = self._conn.execute(
+            "SELECT verdict, full_key, delay FROM conveyor_limit_admit(%s::jsonb, %s, %s, %s,"
+            " %s, %s, %s, %s, %s)",
+            (json.dumps([s.wire() for s in specs]), parcel.id, parcel.queue, parcel.body,
+             parcel.priority, now, lease, rate_reserved, RATE_SLACK)).fetchone()
+        assert row is not None
+        return Decision(row[0], row[1], float(row[2]))
 
     @contextmanager
     def _transaction(self) -> Iterator[Tx]:

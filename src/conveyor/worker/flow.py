@@ -65,7 +65,7 @@ class Gate:
                                 priority=delivery.priority, delay=decision.delay)
             log.debug("%s delayed %.3fs by its rate limit", message.id, decision.delay)
         self._on_denied(decision.key, decision.verdict)
-        self.broker.ack(delivery)
+        self.broker.ack_soon(delivery)  # kept or re-published first: the ack may ride along
         return False
 
     def release(self, holder: str, specs: Sequence[Spec]) -> None:

@@ -77,11 +77,16 @@ UPDATE conveyor_limit_keys SET tat = :tat WHERE key = :key;
 -- name: deny
 UPDATE conveyor_limit_keys SET denied = denied + 1 WHERE key = :key;
 
+
 -- name: purge
 DELETE FROM conveyor_limit_tokens WHERE key = :key AND expires < :now;
 
 -- name: used
 SELECT COALESCE(SUM(weight), 0) FROM conveyor_limit_tokens WHERE key = :key;
+
+-- name: room
+SELECT COALESCE(SUM(weight), 0), COALESCE(MAX(CASE WHEN holder = :holder THEN 1 ELSE 0 END), 0)
+  FROM conveyor_limit_tokens WHERE key = :key AND expires >= :now;
 
 -- name: live_used
 SELECT COALESCE(SUM(weight), 0) FROM conveyor_limit_tokens WHERE key = :key AND expires >= :now;
@@ -100,24 +105,24 @@ DELETE FROM conveyor_limit_tokens WHERE key = :key AND holder = :holder;
 -- name: renew
 UPDATE conveyor_limit_tokens SET expires = :expires WHERE key = :key AND holder = :holder;
 
--- name: parked_state
-SELECT key, moving_until FROM conveyor_limit_parked WHERE id = :id;
+-- name: drop_all
+DELETE FROM conveyor_limit_tokens WHERE holder = :holder;
 
--- name: park
+-- name: park_sqlite
 INSERT INTO conveyor_limit_parked (id, key, seq, queue, body, priority, weight)
-VALUES (:id, :key, :seq, :queue, :body, :priority, :weight);
+VALUES (:id, :key, (SELECT COALESCE(MAX(seq), 0) + 1 FROM conveyor_limit_parked), :queue, :body,
+        :priority, :weight)
+ON CONFLICT (id) DO UPDATE SET key = excluded.key, seq = excluded.seq, moving_until = NULL
+ WHERE conveyor_limit_parked.moving_until IS NOT NULL OR conveyor_limit_parked.key <> excluded.key;
 
--- name: repark
-UPDATE conveyor_limit_parked SET key = :key, seq = :seq, moving_until = NULL WHERE id = :id;
-
--- name: next_seq_sqlite
-SELECT COALESCE(MAX(seq), 0) + 1 FROM conveyor_limit_parked;
-
--- name: next_seq_postgres
-SELECT nextval('conveyor_limit_seq');
+-- name: park_postgres
+INSERT INTO conveyor_limit_parked (id, key, seq, queue, body, priority, weight)
+VALUES (:id, :key, nextval('conveyor_limit_seq'), :queue, :body, :priority, :weight)
+ON CONFLICT (id) DO UPDATE SET key = excluded.key, seq = excluded.seq, moving_until = NULL
+ WHERE conveyor_limit_parked.moving_until IS NOT NULL OR conveyor_limit_parked.key <> excluded.key;
 
 -- name: unpark_drop
-DELETE FROM conveyor_limit_parked WHERE id = :id AND key = :key AND moving_until IS NULL;
+DELETE FROM conveyor_limit_parked WHERE id = :id AND moving_until IS NULL;
 
 -- name: oldest_parked
 SELECT id, queue, body, priority, weight FROM conveyor_limit_parked
@@ -146,3 +151,80 @@ ON CONFLICT (key) DO UPDATE SET max = COALESCE(excluded.max, conveyor_limit_keys
 -- name: clear
 UPDATE conveyor_limit_keys SET max = NULL, per_second = NULL, burst = NULL
  WHERE key = :key AND (max IS NOT NULL OR per_second IS NOT NULL OR burst IS NOT NULL);
+
+-- name: admit_function_postgres
+-- `admit` in one round trip (the hot path: every limited message, and every parked one):
+-- the same steps as SqlLimiter._admit, under the same lock.
+CREATE OR REPLACE FUNCTION conveyor_limit_admit(
+    p_specs jsonb, p_holder text, p_queue text, p_body bytea, p_priority integer,
+    p_now double precision, p_lease double precision, p_reserved boolean,
+    p_slack double precision, OUT verdict text, OUT full_key text, OUT delay double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s jsonb;
+    r record;
+    in_use bigint;
+    holds integer;
+    lim integer;
+    full_weight integer;
+    start double precision;
+    spacing double precision;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('conveyor-limits:' || current_schema()));
+    verdict := 'run'; full_key := ''; delay := 0;
+    FOR s IN SELECT value FROM jsonb_array_elements(p_specs) LOOP
+        INSERT INTO conveyor_limit_keys (key, declared) VALUES (s->>'key', s::text)
+        ON CONFLICT (key) DO UPDATE SET declared = excluded.declared;
+    END LOOP;
+    FOR s IN SELECT value FROM jsonb_array_elements(p_specs) WHERE value->>'k' = 'c' LOOP
+        SELECT COALESCE(SUM(weight), 0), COALESCE(MAX(CASE WHEN holder = p_holder THEN 1 ELSE 0 END), 0)
+          INTO in_use, holds
+          FROM conveyor_limit_tokens WHERE key = s->>'key' AND expires >= p_now;
+        SELECT COALESCE(max, (s->>'max')::integer) INTO lim
+          FROM conveyor_limit_keys WHERE key = s->>'key';
+        IF holds = 0 AND in_use + (s->>'w')::integer > lim THEN
+            full_key := s->>'key';
+            full_weight := (s->>'w')::integer;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF full_key <> '' THEN
+        DELETE FROM conveyor_limit_tokens WHERE holder = p_holder;
+        INSERT INTO conveyor_limit_parked AS p (id, key, seq, queue, body, priority, weight)
+        VALUES (p_holder, full_key, nextval('conveyor_limit_seq'), p_queue, p_body, p_priority,
+                full_weight)
+        ON CONFLICT (id) DO UPDATE SET key = excluded.key, seq = excluded.seq, moving_until = NULL
+         WHERE p.moving_until IS NOT NULL OR p.key <> excluded.key;
+        UPDATE conveyor_limit_keys SET denied = denied + 1 WHERE key = full_key;
+        verdict := 'parked';
+        RETURN;
+    END IF;
+    IF NOT p_reserved THEN
+        FOR r IN SELECT k.key AS name, COALESCE(k.per_second, (x.value->>'ps')::float8) AS ps,
+                        COALESCE(k.burst, (x.value->>'b')::integer) AS b, k.tat AS tat
+                   FROM jsonb_array_elements(p_specs) x
+                   JOIN conveyor_limit_keys k ON k.key = x.value->>'key'
+                  WHERE x.value->>'k' = 'r' LOOP
+            spacing := 1.0 / r.ps;
+            start := GREATEST(p_now, r.tat - (r.b - 1) * spacing);
+            UPDATE conveyor_limit_keys SET tat = GREATEST(r.tat, p_now) + spacing
+             WHERE key = r.name;
+            IF start - p_now > p_slack THEN
+                UPDATE conveyor_limit_keys SET denied = denied + 1 WHERE key = r.name;
+            END IF;
+            delay := GREATEST(delay, start - p_now);
+        END LOOP;
+        IF delay > p_slack THEN
+            verdict := 'delayed';
+            RETURN;
+        END IF;
+    END IF;
+    FOR s IN SELECT value FROM jsonb_array_elements(p_specs) WHERE value->>'k' = 'c' LOOP
+        INSERT INTO conveyor_limit_tokens (key, holder, weight, expires)
+        VALUES (s->>'key', p_holder, (s->>'w')::integer, p_now + p_lease)
+        ON CONFLICT (key, holder) DO UPDATE SET expires = excluded.expires;
+    END LOOP;
+    DELETE FROM conveyor_limit_parked WHERE id = p_holder AND moving_until IS NULL;
+    delay := 0;
+END
+$$;
