@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.scheduler.dag import DAG
-from conveyor.scheduler.loader import Loaded
+from conveyor.scheduler.folder import Loaded
 from conveyor.scheduler.runs import iso
 from conveyor.state.store import Store
 
