@@ -62,7 +62,7 @@ def test_true_at_once_when_work_is_ready(open_broker: Callable[[], Broker], q: s
     publisher.publish(q, BODY)
     started = time.monotonic()
     assert watcher.watch([q], timeout=5)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 4  # at once, not after the 5 s timeout
     assert publisher.depth(q).ready == 1, "watching must not claim"
 
 
@@ -79,9 +79,11 @@ def test_a_publish_wakes_it_within_a_poll(open_broker: Callable[[], Broker], q: 
     watcher.watch([q], timeout=0.01)  # listeners set up: the publish below is news
     thread = publish_later(publisher, q, 0.3)
     started = time.monotonic()
-    assert watcher.watch(["other-" + q, q], timeout=10)
+    assert watcher.watch(["other-" + q, q], timeout=30)
     thread.join()
-    assert time.monotonic() - started < 0.3 + 0.5
+    # woken by the publish, not by the 30 s timeout (a bound, not a speed target: the
+    # machine may be loaded; the autoscaler benchmark measures the real wake-up time)
+    assert time.monotonic() - started < 0.3 + 5
 
 
 def test_waits_for_more_than_above(open_broker: Callable[[], Broker], q: str) -> None:
@@ -100,7 +102,7 @@ def test_wakeup_ends_it(open_broker: Callable[[], Broker], q: str) -> None:
     timer.start()
     started = time.monotonic()
     assert not watcher.watch([q], timeout=10)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 5  # woken, not after the 10 s timeout
     timer.join()
 
 
