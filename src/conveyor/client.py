@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from conveyor import tracing
 from conveyor.config import Settings
 from conveyor.message import Codec, Message
 from conveyor.results.base import RESULT_HEADER
@@ -27,6 +28,8 @@ class Client:
         self.codec = codec or Codec()
         self.settings = settings
         self._results = results
+        if settings is not None:
+            tracing.configure(settings.tracing, "conveyor-client")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Client:
@@ -47,15 +50,26 @@ class Client:
             message = replace(message, not_before=time.time() + delay)
         if keep_result and RESULT_HEADER not in message.headers:
             message = replace(message, headers={**message.headers, RESULT_HEADER: "keep"})
+        tracer = tracing.current()
+        if tracer is None:
+            self._publish(message, delay)
+        else:
+            with tracer.producing(message) as message:
+                self._publish(message, delay)
+        return ResultHandle(message, self.results)
+
+    def _publish(self, message: Message, delay: float) -> None:
         self.broker.publish(message.queue, self.codec.encode(message),
                             priority=message.priority, delay=delay)
-        return ResultHandle(message, self.results)
 
     def publication(self, message: Message, delay: float = 0.0) -> Publication:
         """`message` encoded (and signed) for `Broker.publish_many`, as `enqueue` sends it."""
         from conveyor.broker import Publication  # `import conveyor` stays light
         if delay > 0:
             message = replace(message, not_before=time.time() + delay)
+        tracer = tracing.current()
+        if tracer is not None:
+            message = tracer.produced(message)
         return Publication(message.queue, self.codec.encode(message), message.priority, delay)
 
     def enqueue_command(self, command: Sequence[str], queue: str = "default",

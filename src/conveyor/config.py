@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from conveyor.errors import ConfigError
 from conveyor.locations import data_dir, redact
 from conveyor.message import DEFAULT_MAX_BYTES
+from conveyor.tracing import mode as tracing_mode
 
 PREFIX = "CONVEYOR_"
 FILE_VARIABLE = "CONVEYOR_CONFIG_FILE"
@@ -266,6 +267,7 @@ class Settings:
     result_ttl: float = 86400.0
     result_max_bytes: int = DEFAULT_MAX_BYTES
     limits_url: str = ""
+    tracing: str = "off"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -314,6 +316,8 @@ SETTINGS_HELP = {
     "limits_url": "where flow-control limits are kept: redis://…, sqlite:///… or "
                   "postgresql://… (default: the broker unless it is RabbitMQ or kombu, then "
                   "the state store)",
+    "tracing": "OpenTelemetry traces (needs conveyor[otel]): off, console, otlp (to "
+               "OTEL_EXPORTER_OTLP_ENDPOINT), or module:callable returning an exporter",
 }
 
 
@@ -416,7 +420,7 @@ def size(text: str) -> int:
 SETTINGS_KINDS: dict[str, Callable[[str], Any]] = {
     "broker_url": url, "state_url": url, "result_url": url, "limits_url": url,
     "max_message_bytes": size,
-    "result_max_bytes": size, "result_ttl": positive_seconds,
+    "result_max_bytes": size, "result_ttl": positive_seconds, "tracing": tracing_mode,
 }
 
 

@@ -35,6 +35,7 @@ class TaskContext:
     dag_id: str = ""
     task_id: str = ""
     logical_date: str = ""   # ISO-8601 UTC, the run's (a DAG task only)
+    traceparent: str = ""    # W3C trace context of the task's run span (tracing on only)
     conf: Mapping[str, Any] = field(default_factory=dict)
     upstream_values: Mapping[str, Any] = field(default_factory=dict)
 
@@ -53,7 +54,10 @@ class TaskContext:
                   "LOGICAL_DATE": self.logical_date, "ATTEMPT": str(self.attempt),
                   "QUEUE": self.queue, "MESSAGE_ID": self.message_id,
                   "CONF": json.dumps(dict(self.conf))}
-        return {f"CONVEYOR_CTX_{name}": value for name, value in values.items()}
+        found = {f"CONVEYOR_CTX_{name}": value for name, value in values.items()}
+        if self.traceparent:   # OpenTelemetry's name for a trace context in the environment
+            found["TRACEPARENT"] = self.traceparent
+        return found
 
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> TaskContext:
@@ -63,6 +67,7 @@ class TaskContext:
                    attempt=int(message.get("attempt", 0)), run_id=headers.get("run", ""),
                    dag_id=headers.get("dag", ""), task_id=headers.get("task_id", ""),
                    logical_date=headers.get("logical_date", ""),
+                   traceparent=headers.get("traceparent", ""),
                    conf=json.loads(headers.get("conf", "{}")),
                    upstream_values=json.loads(headers.get("upstream", "{}")))
 

@@ -153,3 +153,10 @@ def key_error() -> None:
 @task(name="t.os_error", max_retries=0)
 def os_error() -> None:
     raise OSError(errno.ENOENT, "No such file or directory", "/nonexistent/k9")
+
+
+@task(name="t.otel_loaded")
+def otel_loaded() -> bool:
+    """Whether this runner has imported any of OpenTelemetry (the tracing-off test)."""
+    import sys
+    return any(name.startswith("opentelemetry") for name in sys.modules)

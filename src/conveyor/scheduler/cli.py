@@ -11,6 +11,7 @@ import argparse
 import logging
 import signal
 
+from conveyor import tracing
 from conveyor.config import (
     env_flag,
     log_level,
@@ -86,6 +87,7 @@ def config_from(args: argparse.Namespace) -> SchedulerConfig:
 
 def run_scheduler(args: argparse.Namespace) -> int:
     config = config_from(args)
+    tracing.configure(config.settings.tracing, "conveyor-scheduler")
     folder = DagFolder(config.dags_folder, config.executors,
                        import_timeout=config.dag_import_timeout)
     folder.refresh()

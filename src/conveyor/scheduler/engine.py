@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from conveyor import tracing
 from conveyor.events import Event
 from conveyor.message import Message
 from conveyor.retry import backoff_delay
@@ -77,6 +78,9 @@ def workload(ti: Row, events_queue: str, upstream: Mapping[str, Any] | None = No
         ref["logical_date"] = spec["logical_date"]
     if upstream:
         ref["upstream"] = json.dumps(upstream)
+    if tracing.current() is not None:   # the attempt's span, child of the run's: see tracing
+        ref[tracing.TRACEPARENT] = tracing.traceparent(
+            *tracing.task_instance_ids(ti["run_id"], ti["ti_id"], ti["attempt"]))
     values = upstream or {}
     message = Message(
         queue=ti["queue"], task=spec["task"], command=tuple(spec["command"]),
@@ -188,6 +192,7 @@ class Engine:
             return []
         self.store.exec("record_attempt", outcome="succeeded", error=None, result=result,
                         **key)
+        _trace_attempt(ti, key["attempt"], "success", now)
         ready = self.store.rows("dispatch_children", run_id=ti["run_id"], now=now,
                                 task_id=ti["task_id"], publish_grace=self.publish_grace)
         self._finish(ti["run_id"], now)
@@ -201,10 +206,12 @@ class Engine:
             due = now + retry_delay(key["attempt"], json.loads(ti["spec"]))
             if self.store.exec("ti_up_for_retry", error=error, next_retry_at=due, **key):
                 self.store.exec("record_attempt", **record)
+                _trace_attempt(ti, key["attempt"], outcome, now, error)
                 self._note(due)
             return
         if self.store.exec("ti_failed", error=error, **key):
             self.store.exec("record_attempt", **record)
+            _trace_attempt(ti, key["attempt"], outcome, now, error)
             self.store.exec("upstream_failed", run_id=ti["run_id"], task_id=ti["task_id"],
                             now=now)
             self._finish(ti["run_id"], now)
@@ -214,6 +221,10 @@ class Engine:
         if finished:
             self.runs_finished += 1
             log.info("run %s ended %s", run_id, finished["state"])
+            tracer = tracing.current()
+            if tracer is not None:
+                tracer.dag_run(run_id, finished["dag_id"], start=finished["created_at"],
+                               end=now, state=finished["state"])
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -348,6 +359,15 @@ class Engine:
 
     def _note(self, deadline: float) -> None:
         self.on_deadline(deadline)
+
+
+def _trace_attempt(ti: Row, attempt: int, outcome: str, now: float, error: str = "") -> None:
+    """The span of an attempt that ended (while tracing is on): from queued to `now`."""
+    tracer = tracing.current()
+    if tracer is not None:
+        name = f"{json.loads(ti['spec']).get('dag_id', '')}.{ti['task_id']}".lstrip(".")
+        tracer.task_instance(ti["run_id"], ti["ti_id"], attempt, name, start=ti["queued_at"],
+                             end=now, outcome=outcome, error=error)
 
 
 def what_is_known(event: Event) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor import broker as brokers
-from conveyor import limits, results
+from conveyor import limits, results, tracing
 from conveyor.config import (
     Renamed,
     Settings,
@@ -132,6 +132,7 @@ def run_worker(args: argparse.Namespace) -> int:
     for module in args.app:
         _import_app(module)
     settings = Settings.from_env(broker_url=args.broker or None, state_url=args.state or None)
+    tracing.configure(settings.tracing, "conveyor-worker")
     intake = _celery_intake(args, settings)
     config = WorkerConfig(
         queues=tuple(dict.fromkeys(args.queues + (intake.config.queues if intake else ()))),

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from types import FrameType
@@ -27,6 +28,7 @@ from typing import Any, NoReturn
 from conveyor.context import TaskContext, context
 from conveyor.errors import UnknownTask
 from conveyor.tasks import PROCESS_INIT, Retry, SoftTimeLimitExceeded, lookup
+from conveyor.tracing import TRACEPARENT
 from conveyor.worker import frames, isolation
 
 
@@ -142,8 +144,18 @@ def _soft_time_limit(signum: int, frame: FrameType | None) -> None:
 
 
 def run_frame(frame: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
-    """Run one task frame and return the report frame."""
-    message = frame["message"]
+    """Run one task frame and return the report frame; with a trace context in the frame,
+    the report says when the task started and ended (the supervisor emits the run span:
+    this process loads no tracing library and exits right after its report)."""
+    if TRACEPARENT not in frame["message"].get("headers", {}):
+        return _run_task(frame["message"], channel)
+    started = time.time_ns()
+    report = _run_task(frame["message"], channel)
+    report["span"] = [started, time.time_ns()]
+    return report
+
+
+def _run_task(message: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
     task_context = TaskContext.from_wire(message)
     if message.get("command"):
         _exec_command(message["command"], channel, task_context.as_environment())

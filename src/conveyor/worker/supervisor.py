@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
 
+from conveyor import tracing
 from conveyor.broker import Broker, Delivery
 from conveyor.errors import BrokerConnectionError, ConveyorError, LeaseLost, MessageError
 from conveyor.events import Event
@@ -93,6 +94,7 @@ class Run:
     interrupted: bool = False
     runner: Runner | None = None
     limits: list[Spec] = field(default_factory=list)
+    trace: Any = None  # its spans (a tracing.otel.Claim) while tracing is on
 
     @property
     def log_label(self) -> str:
@@ -226,7 +228,11 @@ class Supervisor:
         limits = self._limits_of(delivery, message)
         if limits is None:
             return
-        self.pending.append(Run(delivery, message, budget, limits=limits))
+        run = Run(delivery, message, budget, limits=limits)
+        tracer = tracing.current()
+        if tracer is not None:
+            run.trace = tracer.claimed(message, delivery.queue, self.config.hostname)
+        self.pending.append(run)
 
     def _limits_of(self, delivery: Delivery, message: Message) -> list[Spec] | None:
         """The message's limits once admitted ([] when it has none); None when it was
@@ -267,6 +273,9 @@ class Supervisor:
         log.warning("dead-lettering a message from %s: %s", delivery.queue, reason)
         if message is not None:
             self._tell("dead_lettered", message, delivery.queue, reason=reason)
+            tracer = tracing.current()
+            if tracer is not None:
+                tracer.rejected(message, delivery.queue, self.config.hostname, reason)
             if self.results is not None and wanted(message):
                 self.results.dead_lettered(message, reason)
         else:
@@ -289,8 +298,11 @@ class Supervisor:
         run.runner, run.started = runner, time.monotonic()
         run.soft_at = run.started + soft if soft else math.inf
         run.hard_at = run.started + (hard or (soft + c.soft_grace if soft else math.inf))
+        wire = self._wire(m)
+        if run.trace is not None:  # the task's context names its run span
+            wire["headers"][tracing.TRACEPARENT] = run.trace.starting()
         try:
-            self.pool.start(runner, run, {"message": self._wire(m)}, memory)
+            self.pool.start(runner, run, {"message": wire}, memory)
         except OSError as exc:  # the runner died while idle: another one will take the task
             log.warning("runner %d could not take %s (%s); trying another", runner.pid,
                         run.log_label, exc)
@@ -346,6 +358,9 @@ class Supervisor:
                 outcome = keeper.check(outcome)
             report_only = run.message.headers.get("settle") == "report"
             action = self._action(run, outcome, runner, report_only)
+            if run.trace is not None:
+                run.trace.ran(runner.report, outcome.kind, outcome.reason, outcome.error,
+                              runner.pid)
             self._report(run, outcome, action, time.monotonic() - run.started)
             if keeper is not None:  # stored before the ack: see worker/results.py
                 action = keeper.keep(run.message, outcome, action)
@@ -388,6 +403,8 @@ class Supervisor:
     def _settle(self, run: Run, action: Action, outcome: Outcome | None) -> None:
         """Settle now, or hold it while the broker is unreachable (see worker/outage.py)."""
         self.held.settle(run.log_label, lambda: self._send_settle(run, action))
+        if run.trace is not None:
+            run.trace.settled(action.verb, action.reason)
 
     def _send_settle(self, run: Run, action: Action) -> None:
         d = run.delivery

@@ -325,7 +325,7 @@ UPDATE conveyor_runs
    AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances
                     WHERE run_id = %(run_id)s
                       AND state IN ('pending', 'queued', 'running', 'up_for_retry'))
-RETURNING state;
+RETURNING state, dag_id, created_at;
 
 -- name: migration_0003
 -- The worker registry: each `conveyor worker` upserts its row every heartbeat interval, so

@@ -1,0 +1,156 @@
+"""OpenTelemetry traces across real processes: a client, a worker (supervisor and runners),
+a scheduler. Each process exports through tests/integration/tracing_export.py (the SDK's
+in-memory exporter, written through to a file), and the test reads the spans back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.tracing import run_ids
+from tests.conftest import REDIS_URL, clean_transport, require_service
+from tests.integration.tracing_export import read
+from tests.integration.workerkit import ROOT, finish, start_worker, worker_env
+from tests.support import conveyor, spawn, stop
+
+pytestmark = pytest.mark.slow
+EXPORTER = "tests.integration.tracing_export:exporter"
+
+
+@pytest.fixture
+def q(unique: str) -> str:
+    return f"otel-{unique}"
+
+
+@pytest.fixture
+def redis_url(unique: str) -> Iterator[str]:
+    require_service("redis")
+    yield f"{REDIS_URL}?prefix={unique}"
+    clean_transport("redis", unique)
+
+
+def traced_env(broker_url: str, spans: Path, **extra: str) -> dict[str, str]:
+    return worker_env(broker_url, CONVEYOR_TRACING=EXPORTER, CONVEYOR_TEST_SPANS=str(spans),
+                      **extra)
+
+
+def enqueue_from_a_client_process(env: dict[str, str], *calls: str) -> None:
+    """Enqueue with the default client (configured from the environment) in a process of its
+    own; `calls` are `Message(...)` argument lists."""
+    code = ("from conveyor.client import default_client\n"
+            "from conveyor.message import Message\n"
+            "client = default_client()\n"
+            + "".join(f"client.enqueue(Message({call}))\n" for call in calls))
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, timeout=60)
+
+
+def by_name(spans: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [s for s in spans if s["name"] == name]
+
+
+def one(spans: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    found = by_name(spans, name)
+    assert len(found) == 1, f"{len(found)} spans named {name!r} in {[s['name'] for s in spans]}"
+    return found[0]
+
+
+def test_enqueue_claim_run_outcome_are_one_trace_across_processes(
+        redis_url: str, q: str, tmp_path: Path) -> None:
+    spans_file = tmp_path / "spans.jsonl"
+    env = traced_env(redis_url, spans_file)
+    enqueue_from_a_client_process(env, f"queue={q!r}, task='t.add', args=(2, 3)",
+                                  f"queue={q!r}, task='t.fail', args=('bad',)")
+    out = finish(start_worker(redis_url, q, "--concurrency=1", env=env))
+    spans = read(spans_file)
+    add = [s for s in spans if s["attributes"].get("conveyor.task") == "t.add"
+           or s["name"].endswith(" t.add")]
+    enqueue, claim = one(add, "enqueue t.add"), one(add, "claim t.add")
+    run, outcome = one(add, "run t.add"), one(add, "outcome t.add")
+    assert {s["trace"] for s in add} == {enqueue["trace"]}, add
+    assert enqueue["parent"] == "" and enqueue["kind"] == "PRODUCER"
+    assert claim["parent"] == enqueue["span"] and claim["kind"] == "CONSUMER"
+    assert run["parent"] == claim["span"] and outcome["parent"] == claim["span"]
+    # three processes: the client, the supervisor, and the runner that measured the run
+    assert enqueue["service"] == "conveyor-client" and claim["service"] == "conveyor-worker"
+    assert enqueue["pid"] != claim["pid"] and run["attributes"]["process.pid"] != claim["pid"]
+    assert claim["start"] <= run["start"] <= run["end"] <= outcome["start"] <= claim["end"]
+    assert run["status"] == "UNSET" and outcome["attributes"]["conveyor.action"] == "ack"
+
+    # a failure retried once (t.fail: max_retries=1): both claims are children of its enqueue
+    fail = [s for s in spans if s["name"].endswith(" t.fail")]
+    claims, runs = by_name(fail, "claim t.fail"), by_name(fail, "run t.fail")
+    assert len(claims) == 2 and len(runs) == 2, out
+    assert {c["parent"] for c in claims} == {one(fail, "enqueue t.fail")["span"]}
+    assert all(r["status"] == "ERROR" and "exception" in r["events"] for r in runs)
+    assert sorted(c["attributes"]["conveyor.action"] for c in claims) == ["dead_letter", "retry"]
+
+
+def test_a_dag_run_is_one_trace_with_its_task_instances_as_children(
+        tmp_path: Path) -> None:
+    spans_file, dags = tmp_path / "spans.jsonl", tmp_path / "dags"
+    dags.mkdir()
+    (dags / "traced.py").write_text(
+        "from conveyor.scheduler import DAG\n"
+        "dag = DAG('traced', retries=0)\n"
+        "def step(name): return dag.command(name, ['true', name])\n"
+        "step('a') >> [step('b'), step('c')]\n")
+    env = traced_env(f"sqlite:///{tmp_path}/broker.db", spans_file,
+                     CONVEYOR_STATE_URL=f"sqlite:///{tmp_path}/state.db",
+                     CONVEYOR_DAGS_FOLDER=str(dags))
+    procs = [spawn("worker", "--queues", "default", "--log-level", "WARNING", env=env),
+             spawn("scheduler", "--log-level", "WARNING", env=env)]
+    try:
+        done = conveyor("dags", "trigger", "traced", "--wait", "--timeout", "60", "--json",
+                        env=env)
+    finally:
+        codes = [stop(proc) for proc in procs]
+    assert codes == [0, 0] and '"state": "success"' in done.stdout, done.stdout
+    run_id = done.stdout.split('"run_id": "')[1].split('"')[0]
+    spans = read(spans_file)
+    root = one(spans, "dag_run traced")
+    trace_id, span_id = run_ids(run_id)
+    assert (root["trace"], root["span"], root["parent"]) == (f"{trace_id:032x}",
+                                                             f"{span_id:016x}", "")
+    assert {s["trace"] for s in spans} == {root["trace"]}, "one trace for the whole run"
+    tasks = {name: one(spans, f"task traced.{name}") for name in "abc"}
+    assert {t["parent"] for t in tasks.values()} == {root["span"]}
+    for name, ti in tasks.items():   # each task's message, claimed and run by the worker
+        enqueue = one([s for s in spans if s["parent"] == ti["span"]], f"enqueue true {name}")
+        assert enqueue["service"] == "conveyor-scheduler"
+        claim = one([s for s in spans if s["parent"] == enqueue["span"]], f"claim true {name}")
+        assert claim["service"] == "conveyor-worker"
+        assert {s["name"] for s in spans if s["parent"] == claim["span"]} == {
+            f"run true {name}", f"outcome true {name}"}
+    assert root["start"] <= tasks["a"]["start"] < tasks["a"]["end"] <= tasks["b"]["start"]
+    assert max(t["end"] for t in tasks.values()) <= root["end"]
+
+
+def test_with_tracing_off_nothing_of_opentelemetry_is_imported(q: str,
+                                                                tmp_path: Path) -> None:
+    """A worker and a client in one process, round trip done: no opentelemetry module, in
+    it or in the runner that ran the task."""
+    url = f"sqlite:///{tmp_path}/broker.db"
+    code = (
+        "import sys\n"
+        "from conveyor import cli\n"
+        "from conveyor.client import default_client\n"
+        "from conveyor.message import Message\n"
+        f"default_client().enqueue(Message(queue={q!r}, task='t.otel_loaded', "
+        f"reply_to={q + '-r'!r}))\n"
+        f"code = cli.main(['worker', '--queues={q}', '--app=tests.integration.worker_tasks', "
+        "'--burst'])\n"
+        "from conveyor.broker import from_url\n"
+        "from tests.integration.workerkit import wait_event\n"
+        f"event = wait_event(from_url({url!r}), {q + '-r'!r}, 'succeeded')\n"
+        "print('runner', event.result)\n"
+        "print('worker', any(m.startswith('opentelemetry') for m in sys.modules))\n"
+        "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=worker_env(url),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split("\n")[:2] == ["runner False", "worker False"], done.stdout
