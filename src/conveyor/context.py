@@ -122,5 +122,11 @@ class CurrentContext:
     def logical_date(self) -> str:
         return self.get().logical_date
 
+    @property
+    def traceparent(self) -> str:
+        """The task's `run` span as a W3C traceparent ("" while tracing is off), to start
+        spans of your own under it."""
+        return self.get().traceparent
+
 
 context = CurrentContext()
