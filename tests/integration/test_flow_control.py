@@ -19,7 +19,14 @@ from conveyor import limits
 from conveyor.broker import Broker, Publication, from_url
 from conveyor.client import Client
 from conveyor.message import Codec
-from tests.conftest import POSTGRES_URL, REDIS_URL, clean_transport, require_service
+from tests.conftest import (
+    POSTGRES_URL,
+    RABBITMQ_URL,
+    REDIS_URL,
+    clean_transport,
+    drop_postgres_schema,
+    require_service,
+)
 from tests.integration import flow_tasks
 from tests.integration.workerkit import finish, start_worker, stop, worker_env
 from tests.support import wait_for
@@ -30,6 +37,8 @@ SETUPS = {
     "sqlite": (None, "sqlite:///{tmp}/broker.db", {}),
     "redis": ("redis", REDIS_URL + "?prefix={name}", {}),
     "postgres": ("postgres", POSTGRES_URL + "?schema={name}", {}),
+    # RabbitMQ keeps no limits: they go to the state store (here Postgres), the default
+    "rabbitmq": ("rabbitmq", RABBITMQ_URL, {"CONVEYOR_STATE_URL": POSTGRES_URL + "?schema={name}"}),
 }
 
 
@@ -39,9 +48,13 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path,
     service, url, extra = SETUPS[request.param]
     if service:
         require_service(service)
+    if request.param == "rabbitmq":
+        require_service("postgres")
     yield url.format(tmp=tmp_path, name=unique), {
         k: v.format(tmp=tmp_path, name=unique) for k, v in extra.items()}
     clean_transport(request.param, unique)
+    if "CONVEYOR_STATE_URL" in extra:
+        drop_postgres_schema(unique)
 
 
 def workers(url: str, queue: str, n: int, extra: dict[str, str], *flags: str,
@@ -103,7 +116,10 @@ def test_a_rate_of_10_a_second_spaces_100_tasks_over_10_seconds(
     ends = sorted(at for what, at, _ in lines if what == "E")
     assert len(ends) == 100, outputs[0][-3000:]
     # reservations are 0.1 s apart from the first start: 99 intervals, plus delivery jitter
-    assert 9.5 <= ends[-1] - starts[0] <= 11.0, (starts[0], starts[-1], ends[-1])
+    # RabbitMQ's delays are rounded up to quarter seconds and walk a ladder of queues whose
+    # levels are declared on first use (README: delays): up to a second later at start here
+    slack = 1.0 if url.startswith("amqp") else 0.0
+    assert 9.5 <= ends[-1] - starts[0] <= 11.0 + slack, (starts[0], starts[-1], ends[-1])
 
 
 def waiting(url: str, extra: dict[str, str], key: str) -> int:
@@ -148,8 +164,14 @@ def test_a_worker_killed_with_9_gives_its_token_back_after_the_lease(
                 stop(other)
                 finish(other, 30)
             finish(holder, 10)
-    lease = 3.0  # the worker's lease: 3 heartbeats of 1 s (workerkit)
-    assert 1.0 <= second - killed_at <= lease + 4.0
+    # the worker's lease is 3 heartbeats of 1 s (workerkit); on RabbitMQ the first task comes
+    # back at once (its connection died), re-admitted under the token it already holds, and
+    # hands it on when it ends: sooner, and still never two at once
+    lease = 3.0
+    assert second - killed_at <= lease + 4.0
+    after = [("S" if w == "S" else "E", at, "held") for w, at, _ in ledger_lines(ledger)
+             if at > killed_at]
+    assert most_at_once(after, "held") <= 1
 
 
 class Logs:
