@@ -35,6 +35,7 @@ from conveyor.celery_intake.redis_feed import RedisFeed
 from conveyor.client import Client
 from tests.conftest import RABBITMQ_URL, REDIS_URL, delete_redis_prefix, require_service
 from tests.integration.celery_app import producer
+from tests.integration.tracing_export import EXPORTER, read
 from tests.integration.workerkit import APP, ROOT, worker_env
 from tests.support import wait_for
 
@@ -55,14 +56,14 @@ class Setup:
     task_ids: list[str] = field(default_factory=list)
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def worker(self, *flags: str) -> subprocess.Popen[bytes]:
+    def worker(self, *flags: str, **env: str) -> subprocess.Popen[bytes]:
         """A real `conveyor worker` taking this test's Celery queue, output to a log file."""
         log = (self.logs / f"worker{len(self.workers)}.log").open("wb")
         argv = [sys.executable, "-m", "conveyor.cli", "worker", "--queues=default",
                 f"--celery-queues={self.queue}", f"--celery-broker={self.celery_broker}",
                 f"--celery-result-backend={REDIS_URL}", f"--app={APP}",
                 "--heartbeat-interval=1", "--concurrency=2", *flags]
-        proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(self.conveyor_url),
+        proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(self.conveyor_url, **env),
                                 stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.workers.append(proc)
@@ -125,6 +126,25 @@ def test_celery_producer_gets_its_results_from_conveyor(setup: Setup) -> None:
     assert time.time() - published >= 2, "a countdown task ran before its eta"
     with pytest.raises(ValueError, match="kaput"):
         setup.get(failing)
+
+
+def test_a_traced_celery_producers_trace_goes_on_in_conveyor(setup: Setup,
+                                                            tmp_path: Path) -> None:
+    """The W3C context OpenTelemetry's Celery instrumentation puts in the headers: the
+    intake's `enqueue` span, and so the whole task, join the producer's trace."""
+    spans_file = tmp_path / "spans.jsonl"
+    setup.worker(CONVEYOR_TRACING=EXPORTER, CONVEYOR_TEST_SPANS=str(spans_file))
+    trace_id, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    sent = setup.app.send_task("t.add", args=(2, 3),
+                               headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+    assert setup.get(sent) == 5, setup.output()
+    wait_for(lambda: spans_file.exists() and any(
+        s["name"] == "outcome t.add" for s in read(spans_file)), what="the outcome span")
+    spans = {s["name"]: s for s in read(spans_file)}
+    assert {s["trace"] for s in spans.values()} == {trace_id}
+    assert spans["enqueue t.add"]["parent"] == parent
+    assert spans["claim t.add"]["parent"] == spans["enqueue t.add"]["span"]
+    assert spans["run t.add"]["parent"] == spans["claim t.add"]["span"]
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ its output through `convert` checks the mapping against real Celery, without a b
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,20 @@ def test_a_json_message_becomes_the_registered_task() -> None:
     assert (m.queue, m.task, m.args, m.id, m.attempt) == ("celery.q", "t.add", (2, 3), "id-1", 1)
     assert (m.max_retries, m.time_limit, m.reply_to) == (5, 99, "results")
     assert m.headers["celery_id"] == "id-1" and m.headers["celery_root_id"] == "id-1"
+
+
+def test_a_traced_producers_context_travels_on() -> None:
+    """OpenTelemetry's Celery instrumentation puts the W3C context in the message headers:
+    it becomes the Conveyor message's, so the task's spans join the producer's trace."""
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    raw = celery_message()
+    traced = replace(raw, headers={**raw.headers, "traceparent": parent, "tracestate": "k=v"})
+    for message, expected in ((traced, {"traceparent": parent, "tracestate": "k=v"}),
+                              (raw, {})):
+        out = run(message)
+        assert isinstance(out, Accepted)
+        assert {k: v for k, v in out.message.headers.items() if k.startswith("trace")} \
+            == expected
 
 
 def test_countdown_becomes_a_delay_and_limits_and_retries_carry_over() -> None:

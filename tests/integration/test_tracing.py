@@ -14,12 +14,11 @@ import pytest
 
 from conveyor.tracing import run_ids
 from tests.conftest import REDIS_URL, clean_transport, require_service
-from tests.integration.tracing_export import read
+from tests.integration.tracing_export import EXPORTER, read
 from tests.integration.workerkit import ROOT, finish, start_worker, worker_env
 from tests.support import conveyor, spawn, stop
 
 pytestmark = pytest.mark.slow
-EXPORTER = "tests.integration.tracing_export:exporter"
 
 
 @pytest.fixture

@@ -14,6 +14,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+#: CONVEYOR_TRACING for a process whose spans the test reads (with CONVEYOR_TEST_SPANS)
+EXPORTER = "tests.integration.tracing_export:exporter"
+
 
 class FileExporter(InMemorySpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:

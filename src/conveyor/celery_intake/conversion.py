@@ -20,6 +20,7 @@ from typing import Any
 
 from conveyor.message import Message
 from conveyor.tasks import Task
+from conveyor.tracing import TRACEPARENT, TRACESTATE
 
 #: Content types Celery's other serializers use, by the name people know them by.
 SERIALIZERS = {
@@ -165,6 +166,9 @@ def _message(raw: CeleryMessage, queue: str, lookup: Callable[[str], Task[Any, A
     for name in ("root_id", "parent_id"):
         if raw.headers.get(name):
             headers[f"celery_{name}"] = str(raw.headers[name])
+    for name in (TRACEPARENT, TRACESTATE):   # a traced producer's context (W3C)
+        if isinstance(raw.headers.get(name), str):
+            headers[name] = raw.headers[name]
     if raw.headers.get("ignore_result"):
         reply_to = ""
     retries = raw.headers.get("retries")
