@@ -33,6 +33,11 @@ CASES: list[tuple[list[str], dict[str, str], list[str]]] = [
     (["worker"], {"CONVEYOR_MAX_MEMORY_PER_CHILD": "200000"}, ["KiB", "--memory-limit"]),
     (["worker"], {"CONVEYOR_MEMORY_LIMIT": "-1"}, ["CONVEYOR_MEMORY_LIMIT", "'-1'"]),
     (["worker", "--no-such-flag"], {}, ["unrecognized arguments", "--no-such-flag"]),
+    # limits
+    (["limits", "set", "api", "--max", "0"], {}, ["--max", "'0'", "1 or more"]),
+    (["limits", "set", "api", "--per-second", "-1"], {}, ["--per-second", "'-1'"]),
+    (["limits", "set", "api"], {}, ["--max", "--per-second"]),
+    (["limits", "list"], {"CONVEYOR_LIMITS_URL": "amqp://h/"}, ["amqp", "redis://"]),
     # scheduler, autoscaler, up
     (["scheduler", "--local-slots", "0"], {}, ["--local-slots", "1 or more"]),
     (["scheduler"], {"CONVEYOR_LOCAL_SLOTS": "four"}, ["CONVEYOR_LOCAL_SLOTS", "'four'"]),

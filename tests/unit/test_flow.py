@@ -56,3 +56,18 @@ def test_a_broken_template_or_bad_numbers_fail_at_once() -> None:
 def test_arguments_that_do_not_fit_fail_at_enqueue() -> None:
     with pytest.raises(ConfigError, match="do not fit its signature"):
         sync_tenant.message((), {"nope": 1})
+
+
+def test_worker_metrics_show_limits_per_key() -> None:
+    from prometheus_client import generate_latest
+
+    from conveyor.limits import Usage
+    from conveyor.worker.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics()
+    metrics.limits([Usage("tenant:acme", in_use=2, waiting=7, denied=9)])
+    metrics.limit_denied("tenant:acme", "parked")
+    text = generate_latest(metrics.registry).decode()
+    assert 'conveyor_limit_in_use{key="tenant:acme"} 2.0' in text
+    assert 'conveyor_limit_waiting{key="tenant:acme"} 7.0' in text
+    assert 'conveyor_limit_denied_total{key="tenant:acme",verdict="parked"} 1.0' in text

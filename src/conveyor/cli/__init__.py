@@ -27,7 +27,8 @@ LEAN = {"worker": "conveyor.worker.cli"}
 COMMANDS = ("conveyor.cli.demo", "conveyor.worker.cli", "conveyor.cli.enqueue",
             "conveyor.scheduler.cli", "conveyor.cli.dags", "conveyor.cli.runs",
             "conveyor.autoscaler.cli", "conveyor.cli.configuration", "conveyor.cli.status",
-            "conveyor.cli.deadletters", "conveyor.cli.ui", "conveyor.cli.up")
+            "conveyor.cli.deadletters", "conveyor.cli.limits", "conveyor.cli.ui",
+            "conveyor.cli.up")
 
 
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, Catalog]:

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from conveyor.broker import Broker, Delivery
 from conveyor.flow import RATE_RESERVED_HEADER, Spec
-from conveyor.limits import Limiter, Parcel
+from conveyor.limits import Limiter, Parcel, Usage
 from conveyor.message import Codec, Message
 
 log = logging.getLogger("conveyor.worker")
@@ -36,13 +36,15 @@ class Gate:
     """Admission, release, renewal and sweeping for one supervisor (main thread only)."""
 
     def __init__(self, open_limiter: Callable[[], Limiter], broker: Broker, codec: Codec,
-                 on_denied: Callable[[str, str], None] | None = None) -> None:
+                 on_denied: Callable[[str, str], None] | None = None,
+                 on_usage: Callable[[list[Usage]], None] | None = None) -> None:
         self._open = open_limiter
         self.broker = broker
         self.codec = codec
         self.limiter: Limiter | None = None
         self.lease = broker.lease_seconds
         self._on_denied = on_denied or (lambda key, verdict: None)
+        self._on_usage = on_usage
         self._next_sweep = 0.0
 
     def _store(self) -> Limiter:
@@ -87,6 +89,8 @@ class Gate:
             return
         self._next_sweep = now + max(0.5, self.lease / 3)
         self._forward(self.limiter.sweep(time.time(), self.lease))
+        if self._on_usage is not None:
+            self._on_usage(self.limiter.usage(time.time()))
 
     def waiting(self) -> int:
         """Messages parked in the store (a draining --burst worker waits for them)."""

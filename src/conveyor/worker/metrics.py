@@ -9,6 +9,9 @@ of the supervisor's memory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from conveyor.events import Event
 
 OUTCOMES = ("succeeded", "failed", "oom_killed", "timed_out", "dead_lettered", "retried",
@@ -17,6 +20,9 @@ OUTCOMES = ("succeeded", "failed", "oom_killed", "timed_out", "dead_lettered", "
 
 class Metrics:
     """What the supervisor tells its metrics; this base records nothing (no /metrics port)."""
+
+    #: Whether flow-control usage (read from the limiter's store) is worth reading for it.
+    wants_limits = False
 
     def record(self, event: Event, queue: str, duration: float | None = None) -> None:
         """A lifecycle event of a task on `queue` (and its run time, once it ended)."""
@@ -31,6 +37,9 @@ class Metrics:
         """A limited message could not start: its key was full ("parked") or its rate
         had no token ("delayed")."""
 
+    def limits(self, usage: Sequence[Any]) -> None:
+        """Every key's tokens in use and messages waiting, fleet-wide (`limits.Usage`)."""
+
 
 def metrics_for(port: int) -> Metrics:
     """Prometheus metrics when they can be served on `port`, else the silent base."""
@@ -39,6 +48,8 @@ def metrics_for(port: int) -> Metrics:
 
 class WorkerMetrics(Metrics):
     """Everything a worker exports on /metrics."""
+
+    wants_limits = True
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -61,6 +72,13 @@ class WorkerMetrics(Metrics):
                                  ["queue"], registry=r)
         self.dead_letters = Counter("conveyor_dead_letters", "Messages dead-lettered",
                                     ["queue"], registry=r)
+        self.limit_in_use = Gauge("conveyor_limit_in_use", "Flow-control tokens in use per "
+                                  "key, fleet-wide", ["key"], registry=r)
+        self.limit_waiting = Gauge("conveyor_limit_waiting", "Messages parked until their "
+                                   "key has room, fleet-wide", ["key"], registry=r)
+        self.limit_denials = Counter("conveyor_limit_denied", "Limited messages this worker "
+                                     "could not start: parked (key full) or delayed (rate)",
+                                     ["key", "verdict"], registry=r)
 
     def record(self, event: Event, queue: str, duration: float | None = None) -> None:
         if event.kind == "started":
@@ -80,6 +98,14 @@ class WorkerMetrics(Metrics):
     def load(self, in_flight: int, free_slots: int) -> None:
         self.in_flight.set(in_flight)
         self.free_slots.set(free_slots)
+
+    def limit_denied(self, key: str, verdict: str) -> None:
+        self.limit_denials.labels(key, verdict).inc()
+
+    def limits(self, usage: Sequence[Any]) -> None:
+        for u in usage:
+            self.limit_in_use.labels(u.key).set(u.in_use)
+            self.limit_waiting.labels(u.key).set(u.waiting)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve /metrics on `port` from a daemon thread (the supervisor never forks)."""

@@ -113,7 +113,8 @@ class Supervisor:
         self.codec = codec
         self.metrics = metrics or Metrics()
         self.limiter = cgroups.detect()
-        self.gate = Gate(limiter, broker, codec, self.metrics.limit_denied) \
+        self.gate = Gate(limiter, broker, codec, self.metrics.limit_denied,
+                         self.metrics.limits if self.metrics.wants_limits else None) \
             if limiter is not None else None
         self.pending: deque[Run] = deque()
         self.held = HeldSettles(config.exit_after_outage)  # settles the broker could not take
