@@ -9,12 +9,11 @@ from conveyor.broker import Broker
 from conveyor.celery_intake.names import rejects_of
 from conveyor.scheduler.config import CONTROL_QUEUE
 from conveyor.scheduler.engine import EVENTS_QUEUE
+from conveyor.scheduler.sampler import queues_to_sample
 from conveyor.state.store import Store
 
 #: Queues always worth showing: the usual work queue and the scheduler's own.
 ALWAYS = ("default", EVENTS_QUEUE, CONTROL_QUEUE)
-#: How many recent runs name the queues `known_queues` finds.
-RECENT = 200
 
 
 def known_queues(store: Store | None, extra: Sequence[str] = ()) -> list[str]:
@@ -26,9 +25,7 @@ def known_queues(store: Store | None, extra: Sequence[str] = ()) -> list[str]:
     """
     found = [*extra, *ALWAYS]
     if store is not None:
-        for row in store.rows("workers"):
-            found += row["queues"].split(",")
-        found += [row["queue"] for row in store.rows("queues_in_use", limit=RECENT)]
+        found = queues_to_sample(store, found)   # the scheduler samples the same ones
     return list(dict.fromkeys(q for q in _with_rejects(found) if q))
 
 

@@ -37,7 +37,8 @@ RECENT_RUNS = 200
 
 
 def queues_to_sample(store: Store, always: Sequence[str]) -> list[str]:
-    """`always`, then the queues registered workers serve and recent runs' tasks name."""
+    """`always`, then the queues registered workers serve and recent runs' tasks name
+    (`conveyor status` and the dashboard show these too, and the Celery rejects)."""
     found = list(always)
     for row in store.rows("workers"):
         found += row["queues"].split(",")

@@ -39,6 +39,9 @@ PAGES = (
     "conveyor.ui.pages.runs",
     "conveyor.ui.pages.dags",
     "conveyor.ui.pages.deadletters",
+    "conveyor.ui.pages.queues",
+    "conveyor.ui.pages.workers",
+    "conveyor.ui.pages.autoscaler",
     "conveyor.ui.pages.api",
 )
 #: Idle state stores kept open for the next request.

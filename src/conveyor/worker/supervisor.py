@@ -317,14 +317,16 @@ class Supervisor:
 
     def runners(self) -> dict[str, Any]:
         """What each runner slot holds now, for the worker's heartbeat (from any thread):
-        its task (the name only: a command's arguments may hold secrets), for how long,
+        its task (the name only; a command's program only: its arguments may hold
+        secrets), for how long,
         and the memory charged to its lane now against the task's cap (0: no cap)."""
         now, slots = time.monotonic(), []
         for lane, run, used in self.pool.usage():
             slot: dict[str, Any] = {"slot": lane.index, "memory": used, "task": None}
             if isinstance(run, Run):
                 m = run.message
-                slot.update(task=m.task or (m.command[0] if m.command else ""), id=m.id,
+                slot.update(task=m.task or os.path.basename(m.command[0] if m.command else ""),
+                            id=m.id,
                             queue=m.queue, seconds=round(now - run.started, 1),
                             limit=lane.slot.memory_limit)
             slots.append(slot)
