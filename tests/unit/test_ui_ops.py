@@ -1,0 +1,131 @@
+"""What the Queues, Workers and Autoscaler pages read and draw: the readers over real state
+stores (SQLite and a Postgres schema) and a real SQLite broker, and the SVG charts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor import broker as brokers
+from conveyor.autoscaler.journal import Evaluation, Journal
+from conveyor.broker import Broker
+from conveyor.readers.autoscaler import scaling, stale_after
+from conveyor.readers.queue_history import queue_overview
+from conveyor.readers.workers import worker_rows
+from conveyor.scheduler import DAG
+from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.runs import create_run, iso
+from conveyor.scheduler.sampler import period_start, sample
+from conveyor.state.store import Store
+from conveyor.ui.charts import depth_chart, finished_chart, nice_top
+from conveyor.worker.registry import Registry
+from tests.support import RecordingExecutor, event
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    opened = brokers.from_url(f"sqlite:///{tmp_path}/broker.db")
+    yield opened
+    opened.close()
+
+
+def url_of(store: Store) -> str:
+    if store.dialect == "sqlite":
+        return f"sqlite:///{store.path}"  # type: ignore[attr-defined]
+    from tests.conftest import POSTGRES_URL
+    return f"{POSTGRES_URL}?schema={store.schema}"  # type: ignore[attr-defined]
+
+
+def finish_three_on(store: Store, queue: str, at: float) -> None:
+    """Three attempts end on `queue` around `at`: two succeed, one fails (then retried)."""
+    dag = DAG("trio")
+    dag.task("t.a", queue=queue)
+    dag.task("t.b", queue=queue, retries=1, retry_delay=1, retry_jitter=False)
+    dag.validate(["queue"])
+    executor = RecordingExecutor()
+    engine = Engine(store, {"queue": executor}, dags={"trio": dag})
+    create_run(store, dag, at, executors=["queue"])
+    engine.tick(at)
+    engine.handle(event(executor.pop("a"), "succeeded", at + 1), at + 1)
+    engine.handle(event(executor.pop("b"), "failed", at + 2, error={"type": "Boom"}), at + 2)
+    engine.tick(at + 4)
+    engine.handle(event(executor.pop("b"), "succeeded", at + 5), at + 5)
+
+
+def test_queue_overview_has_depth_now_rates_and_history(store: Store, broker: Broker) -> None:
+    now = T0 + 3000
+    broker.publish("work", b"{}")
+    broker.publish("work", b"{}")
+    for at in (now - 120, now - 105, now - 90):
+        sample(store, broker, ["default", "work"], at, interval=15)
+    sample(store, broker, ["gone"], now - 4000, interval=15)   # before the window
+    finish_three_on(store, "work", now - 200)
+
+    doc = queue_overview(store, broker, ["extra"], now)
+    rows = {q["queue"]: q for q in doc["queues"]}
+    assert {"default", "work", "extra", "conveyor.scheduler.events"} <= set(rows)
+    assert "gone" not in rows and "gone" not in doc["depth"]
+    work = rows["work"]
+    assert (work["ready"], work["succeeded"], work["failed"]) == (2, 2, 1)
+    assert work["failure_rate"] == pytest.approx(1 / 3, abs=0.001)
+    assert work["per_minute"] == pytest.approx(3 / 60, abs=0.01)
+    assert rows["default"]["failure_rate"] is None
+    assert [s[1] for s in doc["depth"]["work"]] == [2, 2, 2]
+    assert doc["depth"]["work"][0][0] == period_start(now - 120, 15)
+    assert sum(m[1] for m in doc["finished"]["work"]) == 2
+
+
+def test_worker_rows_carry_slots_and_runners(store: Store) -> None:
+    registry = Registry(url_of(store), "box", ("default",), 2, 5.0, clock=lambda: T0)
+    registry.beat(1, {"limiter": "cgroup2", "slots": [
+        {"slot": 0, "task": "t.a", "memory": 10 << 20, "limit": 64 << 20, "seconds": 2.0},
+        {"slot": 1, "task": None, "memory": 1 << 20}]})
+    try:
+        [row] = worker_rows(store, T0 + 4)
+        assert (row["concurrency"], row["busy"], row["free"], row["stale"]) == (2, 1, 1, False)
+        assert row["runners"]["slots"][0]["limit"] == 64 << 20
+        assert worker_rows(store, T0 + 16)[0]["stale"]
+    finally:
+        registry.close()
+
+
+def test_scaling_marks_a_target_stale_once_its_autoscaler_stops_reporting(
+        store: Store) -> None:
+    journal = Journal(url_of(store), clock=lambda: T0)
+    journal.evaluated(Evaluation("workers", "local", "default", 1, 1, 0, 3, 0, 1,
+                                 "0 ready + 1 in flight over 2 slots per replica", None, 5.0))
+    journal.scaled("workers", 0, 1, "activated: 1 ready + 0 in flight > activation threshold 0")
+    journal.close()
+    doc = scaling(store, T0 + 10)
+    [target] = doc["targets"]
+    assert (target["replicas"], target["desired"], target["stale"]) == (1, 1, False)
+    [decision] = doc["decisions"]
+    assert (decision["at"], decision["from"], decision["to"]) == (iso(T0), 0, 1)
+    assert decision["reason"].startswith("activated")
+    assert scaling(store, T0 + stale_after(5.0) + 1)["targets"][0]["stale"]
+
+
+def test_nice_tops() -> None:
+    assert [nice_top(v) for v in (0, 1, 1.5, 3, 7, 10, 11, 480)] == [1, 1, 2, 5, 10, 10, 20, 500]
+
+
+def test_depth_lines_break_at_gaps_and_skip_states_that_stayed_at_zero() -> None:
+    samples = [[T0 + i * 15, i, 0, 0, 0] for i in range(4)]
+    samples += [[T0 + 600 + i * 15, 3, 1, 0, 0] for i in range(3)]   # after a gap
+    svg = depth_chart(samples, T0 - 60, T0 + 700, "work: depth")
+    assert svg.startswith('<svg class="chart depth"') and 'aria-label="work: depth"' in svg
+    ready = svg.split('class="line ready" d="')[1].split('"')[0]
+    assert ready.count("M") == 2 and ready.count("L") == 5
+    assert 'class="line in_flight"' in svg and 'class="line delayed"' not in svg
+    assert "no samples" in depth_chart([], T0, T0 + 60, "empty")
+
+
+def test_finished_bars_stack_failed_on_succeeded() -> None:
+    svg = finished_chart([[T0, 4, 1], [T0 + 60, 0, 2]], T0 - 600, T0 + 120, "work: finished")
+    assert svg.count('class="bar succeeded"') == 1 and svg.count('class="bar failed"') == 2
+    assert "4 succeeded, 1 failed" in svg
+    assert "no task finished" in finished_chart([], T0, T0 + 60, "empty")
