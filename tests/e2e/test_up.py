@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -222,3 +223,54 @@ def test_a_second_ctrl_c_is_a_cold_stop(env: dict[str, str],
     while any(alive(p) for p in below) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [p for p in below if alive(p)] == []
+
+
+PIPE = '''
+from conveyor.scheduler import DAG
+from mods_a import first
+{more_import}
+
+dag = DAG("pipe")
+a = dag.task(first)
+{more}
+'''
+
+
+def test_up_follows_a_dag_file_that_brings_a_new_task_module(
+        tmp_path: Path, env: dict[str, str], ups: list[subprocess.Popen[str]]) -> None:
+    """The workers `up` started import the task modules the DAGs needed then; a new module
+    (mods_b) reaches them without a restart: they drain, new ones import it, and only then
+    does the scheduler run the new version."""
+    for name, fn, value in (("mods_a", "first", 1), ("mods_b", "second", 2)):
+        (tmp_path / f"{name}.py").write_text(
+            f"from conveyor import task\n\n\n@task\ndef {fn}(*_: object) -> int:\n"
+            f"    return {value}\n")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    pipe = dags / "pipe.py"
+    pipe.write_text(PIPE.format(more_import="", more=""))
+    env.update(CONVEYOR_DAGS_FOLDER=str(dags), CONVEYOR_DAGS_RELOAD_INTERVAL="0.3")
+    up = start_up(env, ups)
+    read_until(up, "stop         Ctrl-C")
+
+    def run_pipe() -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-m", "conveyor.cli", "dags", "trigger", "pipe",
+                               "--wait", "--timeout=90", "--json"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    assert [t["task_id"] for t in run_pipe()["tasks"]] == ["first"]
+    pipe.write_text(PIPE.format(more_import="from mods_b import second",
+                                more="a >> dag.task(second)"))
+    log = tmp_path / "up.log"
+    deadline = time.monotonic() + 30
+    while "DAG pipe (pipe.py): version" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    assert "task modules are now mods_a,mods_b" in log.read_text()
+    second = run_pipe()
+    assert second["run"]["state"] == "success", second
+    assert {t["task_id"]: t["state"] for t in second["tasks"]} == {
+        "first": "success", "second": "success"}
+    assert interrupt(up) == []

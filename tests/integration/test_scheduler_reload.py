@@ -1,7 +1,7 @@
 """Hot reload against a running `conveyor scheduler`: an edited DAG file (a new task, a new
 schedule) is picked up without a restart; a run in flight keeps the version it started with
 while new runs use the new one; a file that starts failing keeps its last good version with
-the error shown; a deleted file stops being scheduled."""
+the error shown; a deleted file stops being scheduled while its runs in flight finish."""
 
 from __future__ import annotations
 
@@ -121,6 +121,9 @@ def test_a_running_scheduler_follows_its_dag_files(
     [error] = json.loads(listed.stdout)["errors"]
     assert error["file"] == str(flow) and error["line"] == 3
 
+    # removed while its runs are in flight: no new runs, and those in flight finish
+    flow.unlink()
+    wait_for(lambda: logged(setup, "DAG flow (flow.py): removed"), detail=tail)
     gate.touch()
     wait_for(lambda: all(r["state"] == "success" for r in runs(setup, "flow")), timeout=60,
              what="every run of flow to succeed", detail=tail)
@@ -129,6 +132,54 @@ def test_a_running_scheduler_follows_its_dag_files(
     assert done[first["run_id"]]["dag_version"] == first["dag_version"]
     assert all(r["tasks"] == ["a", "b", "c"] for r in done.values() if r["run_type"] ==
                "scheduled")
+    flow_runs = len(done)
     time.sleep(1.5)
     assert len(runs(setup, "gone")) == created      # no run since the file went
+    assert len(runs(setup, "flow")) == flow_runs
     assert scheduler.poll() is None
+
+
+PIPE = '''
+from conveyor.scheduler import DAG
+from mods_a import first
+{more_import}
+
+dag = DAG("pipe")
+a = dag.task(first)
+{more}
+'''
+
+
+def test_the_local_executor_restarts_its_worker_for_a_new_task_module(
+        tmp_path: Path, setup: dict[str, Any]) -> None:
+    """The local executor's worker imports the task modules the DAGs needed at start; a DAG
+    file that brings a new one gets a new worker (the old one drains) before its tasks run."""
+    for name, fn in (("mods_a", "first"), ("mods_b", "second")):
+        (tmp_path / f"{name}.py").write_text(
+            f"from conveyor import task\n\n\n@task\ndef {fn}(*_: object) -> str:\n"
+            f"    return {fn!r}\n")
+    pipe = setup["dags"] / "pipe.py"
+    pipe.write_text(PIPE.format(more_import="", more=""))
+    tail = lambda: setup["log"].read_text()[-3000:]  # noqa: E731
+    with open(setup["log"], "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "scheduler"],
+                                env=setup["env"], cwd=tmp_path, stdout=log, stderr=log)
+    try:
+        wait_for(lambda: logged(setup, "scheduler starting"), what="the scheduler", detail=tail)
+
+        def run_pipe() -> dict[str, str]:
+            done = subprocess.run([sys.executable, "-m", "conveyor.cli", "dags", "trigger",
+                                   "pipe", "--wait", "--timeout=60", "--json"],
+                                  env=setup["env"], cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=90)
+            assert done.returncode == 0, done.stdout + done.stderr + tail()
+            return {t["task_id"]: t["state"] for t in json.loads(done.stdout)["tasks"]}
+
+        assert run_pipe() == {"first": "success"}
+        pipe.write_text(PIPE.format(more_import="from mods_b import second",
+                                    more="a >> dag.task(second)"))
+        wait_for(lambda: logged(setup, "local executor: task modules now mods_a,mods_b"),
+                 detail=tail)
+        assert run_pipe() == {"first": "success", "second": "success"}
+    finally:
+        stop(proc)

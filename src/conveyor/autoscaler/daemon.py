@@ -67,6 +67,9 @@ class Daemon:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._stopping = False
+        #: Called on the loop's thread at every tick, before targets are evaluated (`up`
+        #: looks at its DAG files there).
+        self.on_tick: Callable[[float], None] = lambda now: None
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -86,6 +89,7 @@ class Daemon:
 
     def tick(self, now: float) -> None:
         """Evaluate every target that is due or was poked."""
+        self.on_tick(now)
         with self._lock:
             poked, self._poked = self._poked, set()
         self._check_watches()

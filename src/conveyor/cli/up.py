@@ -7,6 +7,11 @@ creates today's run of each unscheduled one, once a day: starting again resumes 
 run instead of creating another. Your own DAGs run on their schedules and
 `conveyor dags trigger`.
 
+Edited, added and removed DAG files are picked up without a restart: `up` looks at the
+folder every --dags-reload-interval seconds; when the task modules the DAGs need change, the
+workers drain and new ones start with the new `--app` modules, and only then is the
+scheduler told to reload (SIGHUP), so no task reaches a worker that cannot import it.
+
 Ctrl-C drains: the scheduler stops, workers finish what they hold (up to --drain-timeout)
 and exit, and `up` exits 0 with nothing left running. A second Ctrl-C is a cold stop:
 workers kill their tasks and requeue them.
@@ -21,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,13 +37,15 @@ from conveyor import broker as brokers
 from conveyor.autoscaler import daemon as autoscalers
 from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
 from conveyor.autoscaler.policy import Rule
+from conveyor.autoscaler.targets.local import LocalWorkers
 from conveyor.cli import ui
 from conveyor.config import Settings, env_flag, log_level, port, positive_int, seconds, url
 from conveyor.errors import ConfigError
 from conveyor.scheduler import examples
+from conveyor.scheduler.config import RELOAD_INTERVAL
 from conveyor.scheduler.daemon import task_modules
 from conveyor.scheduler.dag import DAG
-from conveyor.scheduler.folder import load_folder
+from conveyor.scheduler.folder import DagFolder
 from conveyor.scheduler.runs import create_run
 from conveyor.state import store as stores
 from conveyor.ui.server import Server as UiServer
@@ -60,6 +68,9 @@ def register(commands: argparse._SubParsersAction) -> None:
              help="state store URL (default: the embedded SQLite file)")
     env_flag(p, "--dags-folder", env="CONVEYOR_DAGS_FOLDER", default="",
              help="folder of DAG files (default: the bundled examples, revenue among them)")
+    env_flag(p, "--dags-reload-interval", env="CONVEYOR_DAGS_RELOAD_INTERVAL",
+             default=RELOAD_INTERVAL, kind=seconds,
+             help="seconds between looks at the DAGs folder for changed files (0: never)")
     env_flag(p, "-Q", "--queues", env="CONVEYOR_QUEUES", default="default",
              help="comma-separated queues the workers serve")
     env_flag(p, "--max-workers", env="CONVEYOR_UP_MAX_WORKERS", default=2, kind=positive_int,
@@ -110,7 +121,9 @@ class Plan:
 
 def run_up(args: argparse.Namespace) -> int:
     plan = Plan.from_args(args)
-    loaded = load_folder(plan.dags_folder, ("queue",))
+    folder = DagFolder(plan.dags_folder, ("queue",))
+    folder.refresh()
+    loaded = folder.loaded()
     for error in loaded.errors:
         log.error("DAG not loaded: %s", error)
     scheduler = _start_scheduler(plan, args.log_level, args.log_format)
@@ -132,6 +145,9 @@ def run_up(args: argparse.Namespace) -> int:
         raise
     stopper = Stopper(scheduler, daemon)
     stopper.install()
+    if args.dags_reload_interval:
+        daemon.on_tick = Reloader(folder, args.dags_reload_interval, daemon, scheduler,
+                                  lambda apps: _worker_args(plan, args, apps)).tick
     _banner(plan, loaded.dags, server.port if server else 0, scheduler.pid, args.max_workers,
             dashboard)
     if plan.examples:
@@ -161,10 +177,18 @@ def _start_scheduler(plan: Plan, level: str, fmt: str) -> subprocess.Popen[bytes
     it in order; it gets SIGTERM if `up` dies."""
     argv = [sys.executable, "-m", "conveyor.cli", "scheduler", "--executors=queue",
             f"--dags-folder={plan.dags_folder}", f"--broker={plan.broker_url}",
+            "--dags-reload-interval=0",                # reloads when `up` says (SIGHUP)
             f"--state={plan.state_url}", f"--log-level={level}", f"--log-format={fmt}"]
     return subprocess.Popen(argv, env=plan.env, stdin=subprocess.DEVNULL,
                             start_new_session=True,
-                            preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                            preexec_fn=_scheduler_child)
+
+
+def _scheduler_child() -> None:
+    """Before the scheduler's exec: SIGTERM when `up` dies, and a SIGHUP (reload) ignored
+    until the scheduler sets its handler (its default would end the process)."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    die_with_parent(signal.SIGTERM)
 
 
 def _start_dashboard(plan: Plan, args: argparse.Namespace) -> UiServer | None:
@@ -181,10 +205,7 @@ def _start_dashboard(plan: Plan, args: argparse.Namespace) -> UiServer | None:
 def _autoscaler_config(plan: Plan, args: argparse.Namespace,
                        dags: dict[str, DAG]) -> AutoscalerConfig:
     """One local target: worker processes for the queues, started on demand, down to zero."""
-    apps = task_modules(dags, "queue", "queue")
-    worker_args = [f"--state={plan.state_url}", "--heartbeat-interval=2",
-                   f"--log-level={args.log_level}", f"--log-format={args.log_format}"]
-    worker_args += [f"--app={','.join(apps)}"] if apps else []
+    worker_args = _worker_args(plan, args, task_modules(dags, "queue", "queue"))
     rule = Rule(slots_per_replica=args.concurrency, max_replicas=args.max_workers,
                 cooldown=30.0, stabilization_window=10.0)
     target = TargetConfig(name="workers", kind="local", queues=plan.queues, rule=rule,
@@ -193,6 +214,47 @@ def _autoscaler_config(plan: Plan, args: argparse.Namespace,
     return AutoscalerConfig(broker_url=plan.broker_url, state_url=plan.state_url,
                             metrics_port=args.metrics_port,
                             metrics_addr="127.0.0.1", targets=(target,))
+
+
+def _worker_args(plan: Plan, args: argparse.Namespace, apps: list[str]) -> list[str]:
+    """The flags of `up`'s workers, importing `apps` (the DAGs' task modules)."""
+    worker_args = [f"--state={plan.state_url}", "--heartbeat-interval=2",
+                   f"--log-level={args.log_level}", f"--log-format={args.log_format}"]
+    return worker_args + ([f"--app={','.join(apps)}"] if apps else [])
+
+
+class Reloader:
+    """`up`'s side of hot reload, run at each autoscaler tick: when DAG files changed, the
+    workers are replaced if the task modules changed, then the scheduler reloads (SIGHUP)."""
+
+    def __init__(self, folder: DagFolder, interval: float, daemon: autoscalers.Daemon,
+                 scheduler: subprocess.Popen[bytes],
+                 worker_args: Callable[[list[str]], list[str]]) -> None:
+        self.folder = folder
+        self.interval = interval
+        self.daemon = daemon
+        self.scheduler = scheduler
+        self.worker_args = worker_args
+        self.apps = task_modules(folder.dags, "queue", "queue")
+        self._next = 0.0
+
+    def tick(self, now: float) -> None:
+        if now < self._next:
+            return
+        self._next = now + self.interval
+        if not self.folder.refresh():
+            return
+        apps = task_modules(self.folder.dags, "queue", "queue")
+        if apps != self.apps:
+            log.info("conveyor up: the DAGs' task modules are now %s: workers drain and new "
+                     "ones import them", ",".join(apps) or "none")
+            self.apps = apps
+            for scaled in self.daemon.scaled:
+                if isinstance(scaled.target, LocalWorkers):
+                    scaled.target.replace_args(self.worker_args(apps))
+                    self.daemon.poke(scaled.config.name)
+        if self.scheduler.poll() is None:
+            self.scheduler.send_signal(signal.SIGHUP)
 
 
 def _banner(plan: Plan, dags: dict[str, DAG], port: int, scheduler_pid: int,

@@ -81,6 +81,13 @@ class LocalWorkers:
             for worker in self._idlest(surplus):
                 self._stop(worker)
 
+    def replace_args(self, worker_args: Sequence[str]) -> None:
+        """Workers started from now on get `worker_args`; the running ones drain and exit
+        (their queues' depth starts new ones at the next evaluation)."""
+        self.worker_args = tuple(worker_args)
+        for worker in list(self._live):
+            self._stop(worker)
+
     def pids(self) -> list[int]:
         """Every worker process still running, stopping ones included."""
         return [w.proc.pid for w in (*self._live, *self._stopping) if w.proc.poll() is None]

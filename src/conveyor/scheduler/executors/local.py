@@ -9,12 +9,15 @@ The child's events come back on the same private file and are handed to the daem
 
 The child dies with the scheduler (PR_SET_PDEATHSIG), so a killed scheduler leaks no worker;
 attempts it was running are retried by the heartbeat timeout. The child imports the modules
-of the registered tasks that the loaded DAGs run on this executor (`apps`).
+of the registered tasks that the loaded DAGs run on this executor (`apps`). When a reloaded
+DAG file changes that set, a new child starts with the new set and the old one drains
+(SIGTERM: it stops fetching and finishes what it holds), before anything new is submitted.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +36,8 @@ from conveyor.events import Event
 from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Executor, Report, Workload
 
+log = logging.getLogger("conveyor.scheduler")
+
 WORK_QUEUE = "local"
 EVENTS_QUEUE = "events"
 PR_SET_PDEATHSIG = 1
@@ -50,6 +55,9 @@ class LocalExecutor(Executor):
         self._client: Client | None = None
         self._events: brokers.Broker | None = None
         self._worker: subprocess.Popen[bytes] | None = None
+        self._url = ""
+        #: children draining after an app change: reaped by `check`, waited for by `close`
+        self._retired: list[subprocess.Popen[bytes]] = []
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._failure: BaseException | None = None
@@ -57,7 +65,7 @@ class LocalExecutor(Executor):
     def start(self, report: Report) -> None:
         super().start(report)
         self._dir = tempfile.mkdtemp(prefix="conveyor-local-")
-        url = f"sqlite:///{self._dir}/queue.db"
+        url = self._url = f"sqlite:///{self._dir}/queue.db"
         self._client = Client(brokers.from_url(url))
         self._events = brokers.from_url(url)
         self._worker = self._spawn(url)
@@ -74,6 +82,20 @@ class LocalExecutor(Executor):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent())
+
+    def use_apps(self, apps: Sequence[str]) -> None:
+        """A new child for a new set of task modules; the old one drains and exits."""
+        if sorted(apps) == sorted(self.apps):
+            return
+        self.apps = list(apps)
+        if self._worker is None:
+            return
+        old = self._worker
+        old.send_signal(signal.SIGTERM)
+        self._retired.append(old)
+        self._worker = self._spawn(self._url)
+        log.info("local executor: task modules now %s: worker pid %d drains, pid %d serves",
+                 ",".join(self.apps) or "none", old.pid, self._worker.pid)
 
     def submit(self, workload: Workload) -> None:
         if self._client is None:
@@ -97,6 +119,7 @@ class LocalExecutor(Executor):
     def check(self) -> None:
         if self._failure is not None:
             raise ConveyorError(f"the local executor stopped relaying events: {self._failure!r}")
+        self._retired = [w for w in self._retired if w.poll() is None]
         if self._worker is not None and self._worker.poll() is not None:
             raise ConveyorError(f"the local executor's worker (pid {self._worker.pid}) exited "
                                 f"with code {self._worker.returncode}: see its log above")
@@ -104,12 +127,13 @@ class LocalExecutor(Executor):
     def close(self) -> None:
         self._closing.set()
         if self._worker is not None and self._worker.poll() is None:
-            self._worker.send_signal(signal.SIGTERM)
+            self._worker.send_signal(signal.SIGTERM)   # retired ones drain already
+        for child in [w for w in (self._worker, *self._retired) if w is not None]:
             try:
-                self._worker.wait(self.drain_timeout)
+                child.wait(self.drain_timeout)
             except subprocess.TimeoutExpired:
-                self._worker.kill()
-                self._worker.wait()
+                child.kill()
+                child.wait()
         if self._events is not None:
             self._events.wakeup()
         if self._thread is not None:
