@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +156,46 @@ def test_with_tracing_off_nothing_of_opentelemetry_is_imported(q: str,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split("\n")[:2] == ["runner False", "worker False"], done.stdout
+
+
+class Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP collector that keeps the span names of every export request."""
+
+    names: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+        Collector.names += [span.name for resource in request.resource_spans
+                            for scope in resource.scope_spans for span in scope.spans]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_otlp_exports_to_the_collector_and_exits_promptly_without_one(
+        q: str, tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"sqlite:///{tmp_path}/broker.db"
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        enqueue_from_a_client_process(worker_env(url, CONVEYOR_TRACING="otlp",
+                                                 OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
+                                      f"queue={q!r}, task='t.add', args=(1, 2)")
+        assert Collector.names == ["enqueue t.add"]   # sent at exit, the batch not yet due
+    finally:
+        server.shutdown()
+        server.server_close()
+    started = time.monotonic()   # the same, no collector there: retries cut short at exit
+    enqueue_from_a_client_process(worker_env(url, CONVEYOR_TRACING="otlp",
+                                             OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
+                                  f"queue={q!r}, task='t.add', args=(1, 2)")
+    assert time.monotonic() - started < 8, "the exit waited out the exporter's 10 s retries"

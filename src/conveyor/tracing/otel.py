@@ -21,6 +21,7 @@ through an id generator that hands out a preset id once: the public SDK way to c
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import secrets
@@ -51,6 +52,10 @@ from conveyor.tracing.ids import TRACEPARENT, TRACESTATE, run_ids, task_instance
 
 _W3C = TraceContextTextMapPropagator()
 _SYSTEM = {"messaging.system": "conveyor"}
+#: Seconds a process's exit waits for its last spans to be exported. The OTLP exporter
+#: retries an unreachable collector until OTEL_EXPORTER_OTLP_TIMEOUT (10 s); past this it is
+#: interrupted, so a producer script or a stopping worker never hangs on a missing collector.
+EXIT_FLUSH = 2.0
 
 
 class PresetIds(RandomIdGenerator):
@@ -73,15 +78,40 @@ class PresetIds(RandomIdGenerator):
         return trace_id or super().generate_trace_id()
 
 
-def processor(mode: str) -> SpanProcessor:
+class Interruptible(SpanExporter):
+    """An exporter whose `shutdown` may come twice: once to interrupt its retries when the
+    exit budget is spent, once more from the processor shutting down."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self._down = threading.Lock()
+        self.down = False
+
+    def export(self, spans: Any) -> Any:
+        return self.inner.export(spans)
+
+    def shutdown(self) -> None:
+        with self._down:
+            if self.down:
+                return
+            self.down = True
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def processor(mode: str) -> tuple[SpanProcessor, Interruptible | None]:
     """console: spans printed as they end; otlp: batched to the OTLP/HTTP endpoint the
     standard OTEL_EXPORTER_OTLP_* variables name (a missing collector costs failed exports,
-    logged, never the work); module:callable: what that factory returns."""
+    logged, never the work; that one is also returned, to be interrupted at exit);
+    module:callable: what that factory returns."""
     if mode == "console":
-        return SimpleSpanProcessor(ConsoleSpanExporter())
+        return SimpleSpanProcessor(ConsoleSpanExporter()), None
     if mode == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        return BatchSpanProcessor(OTLPSpanExporter())
+        exporter = Interruptible(OTLPSpanExporter())
+        return BatchSpanProcessor(exporter), exporter
     module, _, name = mode.partition(":")
     try:
         made = getattr(importlib.import_module(module), name)()
@@ -89,9 +119,9 @@ def processor(mode: str) -> SpanProcessor:
         raise ConfigError(f"CONVEYOR_TRACING={mode!r}: cannot load {name} from {module} "
                           f"({exc})") from None
     if isinstance(made, SpanExporter):
-        return SimpleSpanProcessor(made)
+        return SimpleSpanProcessor(made), None
     if isinstance(made, SpanProcessor):
-        return made
+        return made, None
     raise ConfigError(f"CONVEYOR_TRACING={mode!r} returned a {type(made).__name__}, not an "
                       "OpenTelemetry SpanExporter or SpanProcessor")
 
@@ -110,9 +140,11 @@ def _ns(seconds: float | None) -> int | None:
 class Tracer:
     """Makes conveyor's spans; see the module docstring for which, where."""
 
-    def __init__(self, provider: TracerProvider, ids: PresetIds) -> None:
+    def __init__(self, provider: TracerProvider, ids: PresetIds,
+                 exporter: Interruptible | None = None) -> None:
         self.provider = provider
         self.ids = ids
+        self.exporter = exporter
         self.tracer = provider.get_tracer("conveyor")
 
     @classmethod
@@ -122,14 +154,27 @@ class Tracer:
         the same traces."""
         ids = PresetIds()
         attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
-        provider = TracerProvider(resource=Resource.create(attributes), id_generator=ids)
-        provider.add_span_processor(processor(mode))
+        provider = TracerProvider(resource=Resource.create(attributes), id_generator=ids,
+                                  shutdown_on_exit=False)
+        made, exporter = processor(mode)
+        provider.add_span_processor(made)
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             trace.set_tracer_provider(provider)
-        return cls(provider, ids)
+        tracer = cls(provider, ids, exporter)
+        atexit.register(tracer.shutdown)
+        return tracer
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+    def shutdown(self, budget: float = EXIT_FLUSH) -> None:
+        """Export what is left, waiting at most `budget` seconds before interrupting the
+        exporter (its last spans are then lost, and it logs that)."""
+        atexit.unregister(self.shutdown)
+        closing = threading.Thread(target=self.provider.shutdown, daemon=True,
+                                   name="conveyor-tracing-shutdown")
+        closing.start()
+        closing.join(budget)
+        if closing.is_alive() and self.exporter is not None:
+            self.exporter.shutdown()
+            closing.join(budget)
 
     def _span(self, name: str, parent: otel_context.Context | None, *, ids: tuple[int | None,
               int] | None = None, **kwargs: Any) -> trace.Span:
