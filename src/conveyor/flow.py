@@ -111,16 +111,18 @@ def check_templates(fn: Callable[..., Any], limits: Sequence[Limit | Rate]) -> N
                                   f"argument {name!r} (arguments: {', '.join(params)})")
 
 
-def resolve(fn: Callable[..., Any], limits: Sequence[Limit | Rate], args: Sequence[Any],
-            kwargs: Mapping[str, Any]) -> list[Spec]:
-    """The limits of one call, keys formatted from its bound arguments."""
-    values: dict[str, Any] = {}
-    if any(fields_of(limit.key) for limit in limits):
+def resolve(fn: Callable[..., Any] | None, limits: Sequence[Limit | Rate],
+            args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Spec]:
+    """The limits of one call, keys formatted from its bound arguments (from `kwargs` alone
+    without a function: a command's keys)."""
+    values: dict[str, Any] = dict(kwargs)
+    if fn is not None and any(fields_of(limit.key) for limit in limits):
         try:
             bound = inspect.signature(fn).bind(*args, **kwargs)
         except TypeError as exc:
-            raise ConfigError(f"{fn.__qualname__}: these arguments do not fit its signature "
-                              f"({exc}), so its limit keys cannot be formatted") from None
+            raise ConfigError(f"{fn.__qualname__}: these arguments do not fit its "
+                              f"signature ({exc}), so its limit keys cannot be "
+                              "formatted") from None
         bound.apply_defaults()
         values = dict(bound.arguments)
         for p in inspect.signature(fn).parameters.values():

@@ -71,3 +71,43 @@ def test_worker_metrics_show_limits_per_key() -> None:
     assert 'conveyor_limit_in_use{key="tenant:acme"} 2.0' in text
     assert 'conveyor_limit_waiting{key="tenant:acme"} 7.0' in text
     assert 'conveyor_limit_denied_total{key="tenant:acme",verdict="parked"} 1.0' in text
+
+
+def test_dag_tasks_carry_their_limits_and_pools_in_the_spec() -> None:
+    from conveyor import DAG
+    from conveyor.flow import decode
+
+    dag = DAG("u_flow_dag", pools={"exports": 4})
+    own = dag.task(sync_tenant, "acme")
+    pooled = dag.command("export", ["true"], pool="exports", pool_slots=2,
+                         rate=Rate(key="warehouse", per_second=2))
+    plain_node = dag.command("plain", ["true"])
+    assert decode(own.spec()["limits"]) == [
+        Spec("c", "tenant:acme", max=2), Spec("r", "partner-api", per_second=10, burst=20)]
+    assert decode(pooled.spec()["limits"]) == [
+        Spec("r", "warehouse", per_second=2), Spec("c", "pool:exports", max=4, weight=2)]
+    assert plain_node.spec()["limits"] == ""
+
+
+def test_dag_limit_mistakes_name_the_line() -> None:
+    from conveyor import DAG, DagError
+
+    dag = DAG("u_flow_dag_bad")
+    with pytest.raises(DagError, match="pool 'exports' is not declared"):
+        dag.command("export", ["true"], pool="exports")
+    first = dag.command("first", ["true"])
+    with pytest.raises(DagError, match="return value"):
+        dag.task(sync_tenant, first)
+
+
+def test_a_dag_task_s_message_carries_its_limits_to_the_worker() -> None:
+    import json
+
+    from conveyor import DAG
+    from conveyor.scheduler.engine import workload
+
+    node = DAG("u_flow_dag_msg").task(sync_tenant, "acme")
+    ti = {"spec": json.dumps(node.spec()), "ti_id": "ti1", "attempt": 1, "run_id": "r1",
+          "task_id": node.id, "queue": "default", "priority": 0}
+    message = workload(ti, "events").message
+    assert limits_of(message.headers)[0] == Spec("c", "tenant:acme", max=2)

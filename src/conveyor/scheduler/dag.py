@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.config import parse_size
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConfigError, ConveyorError
+from conveyor.flow import Limit, Rate, encode, resolve
 from conveyor.scheduler.errors import DagError, Location
-from conveyor.tasks import Task
+from conveyor.tasks import REGISTRY, Task
 
 #: How a TaskFlow argument names an upstream task's return value in a spec (JSON).
 UPSTREAM_REF = "__conveyor_upstream__"
@@ -52,6 +53,10 @@ class Options:
     queued_timeout: float = 600.0
     heartbeat_timeout: float = 300.0
     executor_config: Mapping[str, Any] = field(default_factory=dict)
+    concurrency: tuple[Limit, ...] = ()   # flow control, as on @task (see conveyor.flow)
+    rate: tuple[Rate, ...] = ()
+    pool: str = ""                        # a pool of DAG(pools={name: slots}) ...
+    pool_slots: int = 1                   # ... of which this task takes this many
 
     @property
     def max_attempts(self) -> int:
@@ -76,6 +81,13 @@ def checked_options(base: Options, given: Mapping[str, Any], where: Location) ->
         raise DagError(where, f"unknown task option(s) {', '.join(unknown)}: the options are "
                               f"{', '.join(OPTION_NAMES)}")
     values = dict(given)
+    for name, kind in (("concurrency", Limit), ("rate", Rate)):
+        if name in values:
+            value = values[name]
+            values[name] = (value,) if isinstance(value, kind) else tuple(value or ())
+            if not all(isinstance(v, kind) for v in values[name]):
+                raise DagError(where, f"option {name} takes {kind.__name__}(...) or a list of "
+                                      f"them, not {value!r}")
     try:
         if "memory_limit" in values:
             values["memory_limit"] = parse_size(values["memory_limit"], "memory_limit")
@@ -92,6 +104,7 @@ def _check_ranges(o: Options, where: Location) -> None:
         ("retry_delay", o.retry_delay >= 0), ("retry_max_delay", o.retry_max_delay >= 0),
         ("time_limit", o.time_limit >= 0), ("memory_limit", o.memory_limit >= 0),
         ("queued_timeout", o.queued_timeout > 0),
+        ("pool_slots", isinstance(o.pool_slots, int) and o.pool_slots >= 1),
         ("heartbeat_timeout", o.heartbeat_timeout > 0),
     ) if not ok]
     if bad:
@@ -104,7 +117,9 @@ def _task_layer(task: Task[Any, Any]) -> dict[str, Any]:
     o = task.options
     return {"queue": o.queue, "retries": max(0, o.max_retries), "retry_delay": o.retry_backoff,
             "retry_max_delay": o.retry_backoff_max, "time_limit": o.time_limit,
-            "memory_limit": o.memory_limit, "priority": o.priority}
+            "memory_limit": o.memory_limit, "priority": o.priority,
+            "concurrency": tuple(x for x in o.limits if isinstance(x, Limit)),
+            "rate": tuple(x for x in o.limits if isinstance(x, Rate))}
 
 
 @dataclass(eq=False)
@@ -158,7 +173,37 @@ class TaskNode:
                 "time_limit": o.time_limit,
                 "memory_limit": o.memory_limit, "retry_delay": o.retry_delay,
                 "retry_max_delay": o.retry_max_delay, "retry_jitter": o.retry_jitter,
-                "executor_config": dict(o.executor_config)}
+                "executor_config": dict(o.executor_config), "limits": self.limits()}
+
+    def limits(self) -> str:
+        """The flow-control header value of this task ("" if unlimited): keys formatted from
+        its arguments now, at declaration (see `conveyor.flow`)."""
+        o = self.options
+        declared: list[Limit | Rate] = [*o.concurrency, *o.rate]
+        if o.pool:
+            declared.append(Limit(key=f"pool:{o.pool}", max=self.dag.pools[o.pool],
+                                  weight=o.pool_slots))
+        if not declared:
+            return ""
+        task = REGISTRY.get(self.task)
+        args = [_Upstream(a.id) if isinstance(a, TaskNode) else a for a in self.args]
+        kwargs = {k: _Upstream(v.id) if isinstance(v, TaskNode) else v
+                  for k, v in self.kwargs.items()}
+        try:
+            return encode(resolve(task.fn if task else None, declared, args, kwargs))
+        except ConveyorError as exc:
+            raise DagError(self.location, f"task {self.id!r}: {exc}") from None
+
+
+class _Upstream:
+    """An upstream task's value in an argument: unknown when the DAG is declared."""
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+
+    def __format__(self, spec: str) -> str:
+        raise ConfigError(f"a limit key cannot use the argument that is task "
+                          f"{self.task_id!r}'s return value: it is known only when that runs")
 
 
 def _ref(value: Any) -> Any:
@@ -207,11 +252,14 @@ class DAG:
 
     def __init__(self, dag_id: str, *, schedule: str | None = None, timezone: str = "UTC",
                  description: str = "", start_date: datetime | str | float | None = None,
-                 catchup: bool = True, max_active_runs: int = 16, **defaults: Any) -> None:
+                 catchup: bool = True, max_active_runs: int = 16,
+                 pools: Mapping[str, int] | None = None, **defaults: Any) -> None:
         """`start_date`: the first logical date (ISO text, a datetime, or Unix seconds);
         `catchup`: create the runs of ticks missed while no scheduler ran (from the start
         date, or since the last tick), at most `max_active_runs` queued or running at once;
-        with `catchup=False` only the latest missed tick gets a run."""
+        with `catchup=False` only the latest missed tick gets a run. `pools`: named slot
+        counts (Airflow's pools) that tasks take with `pool=NAME, pool_slots=N`; a pool is
+        the flow-control key `pool:NAME`, resized live by `conveyor limits set`."""
         self.location = caller_location()
         if not isinstance(dag_id, str) or not _ID.match(dag_id):
             raise DagError(self.location, f"DAG id {dag_id!r} must be 1-200 letters, digits, "
@@ -224,6 +272,10 @@ class DAG:
         self.start_date = _timestamp(start_date, self.location, dag_id)
         self.catchup = bool(catchup)
         self.max_active_runs = max_active_runs
+        self.pools = dict(pools or {})
+        if not all(isinstance(n, int) and n >= 1 for n in self.pools.values()):
+            raise DagError(self.location, f"DAG {dag_id!r}: pools map names to a number of "
+                                          f"slots of at least 1, not {self.pools!r}")
         self.dag_id = dag_id
         self.schedule = schedule
         self.timezone = timezone
@@ -281,10 +333,14 @@ class DAG:
                                   f"at {self.tasks[task_id].location}): give this one id=...")
         merged = checked_options(checked_options(base, self.defaults, self.location),
                                  options, where)
+        if merged.pool and merged.pool not in self.pools:
+            raise DagError(where, f"task {task_id!r}: pool {merged.pool!r} is not declared: "
+                                  f"give its slots in DAG(..., pools={{{merged.pool!r}: N}})")
         node = TaskNode(self, task_id, name, command, tuple(args), dict(kwargs or {}), merged,
                         where)
         for parent in upstream:
             node.add_upstream(parent, where)
+        node.limits()  # a key that cannot be formatted fails here, at its line
         self.tasks[task_id] = node
         return node
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from conveyor import tracing
 from conveyor.events import Event
+from conveyor.flow import LIMITS_HEADER
 from conveyor.message import Message
 from conveyor.retry import backoff_delay
 from conveyor.scheduler import cron
@@ -78,6 +79,8 @@ def workload(ti: Row, events_queue: str, upstream: Mapping[str, Any] | None = No
         ref["logical_date"] = spec["logical_date"]
     if upstream:
         ref["upstream"] = json.dumps(upstream)
+    if spec.get("limits"):
+        ref[LIMITS_HEADER] = spec["limits"]
     if tracing.current() is not None:   # the attempt's span, child of the run's: see tracing
         ref[tracing.TRACEPARENT] = tracing.traceparent(
             *tracing.task_instance_ids(ti["run_id"], ti["ti_id"], ti["attempt"]))
