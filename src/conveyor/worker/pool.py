@@ -34,6 +34,7 @@ from typing import Any
 
 from conveyor.errors import ConfigError
 from conveyor.worker import frames
+from conveyor.worker.cgroups.base import read_text
 
 log = logging.getLogger("conveyor.worker")
 task_log = logging.getLogger("conveyor.task")
@@ -457,8 +458,7 @@ def _kill_leftovers(lane: Lane, runners: set[int]) -> None:
     if lane.slot.path is None:
         return
     try:
-        with open(lane.procs_file) as procs:
-            pids = {int(p) for p in procs.read().split()}
+        pids = {int(p) for p in read_text(lane.procs_file).split()}
     except OSError:
         return
     for pid in pids - runners - {lane.pid}:

@@ -14,7 +14,7 @@ from conveyor.worker.cgroups.base import (
     Slot,
     SlotOutcome,
     _check_limit,
-    _read,
+    read_text,
 )
 
 log = logging.getLogger("conveyor.worker.cgroups")
@@ -80,7 +80,8 @@ class _RlimitSlot(Slot):
         if not self.memory_limit:
             return
         try:
-            size = int(_read(f"/proc/{pid or 'self'}/statm").split()[0]) * resource.getpagesize()
+            pages = int(read_text(f"/proc/{pid or 'self'}/statm").split()[0])
+            size = pages * resource.getpagesize()
             _, hard = resource.prlimit(pid or 0, resource.RLIMIT_AS)
             cap = size + self.memory_limit
             if hard != resource.RLIM_INFINITY:

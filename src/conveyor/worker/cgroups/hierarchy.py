@@ -21,10 +21,10 @@ from conveyor.worker.cgroups.base import (
     _int_or_none,
     _kill_until_empty,
     _pids,
-    _read,
     _rmdir,
     _Unavailable,
     _write,
+    read_text,
 )
 
 log = logging.getLogger("conveyor.worker.cgroups")
@@ -49,7 +49,7 @@ def _unescape(field: str) -> str:
 
 def _mounts() -> list[_Mount]:
     mounts = []
-    for line in _read("/proc/self/mountinfo").splitlines():
+    for line in read_text("/proc/self/mountinfo").splitlines():
         left, _, right = line.partition(" - ")
         mine, theirs = left.split(), right.split()
         if len(mine) >= 5 and len(theirs) >= 3:
@@ -61,7 +61,7 @@ def _mounts() -> list[_Mount]:
 def _own_paths() -> dict[str, str]:
     """/proc/self/cgroup as {"": v2 path, "memory": v1 memory path, ...}."""
     paths: dict[str, str] = {}
-    for line in _read("/proc/self/cgroup").splitlines():
+    for line in read_text("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         for controller in controllers.split(",") if controllers else [""]:
             paths[controller] = path

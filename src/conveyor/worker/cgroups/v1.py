@@ -11,10 +11,10 @@ from conveyor.worker.cgroups.base import (
     SlotOutcome,
     _int_or_none,
     _keyed,
-    _read,
     _set,
     _Unavailable,
     _write,
+    read_text,
 )
 from conveyor.worker.cgroups.hierarchy import (
     _CgroupLimiter,
@@ -49,7 +49,7 @@ class _Cgroup1Slot(_CgroupSlot):
             _set(memory, value)
             _swappiness_zero(path)
             return
-        lowering = (memory_limit or 2**63) <= int(_read(memory))
+        lowering = (memory_limit or 2**63) <= int(read_text(memory))
         for file in (memory, memsw) if lowering else (memsw, memory):
             _set(file, value)
 

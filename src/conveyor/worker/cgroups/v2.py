@@ -15,11 +15,11 @@ from conveyor.worker.cgroups.base import (
     _keyed,
     _kill_until_empty,
     _pids,
-    _read,
     _rmdir,
     _set,
     _Unavailable,
     _write,
+    read_text,
 )
 from conveyor.worker.cgroups.hierarchy import (
     _CgroupLimiter,
@@ -113,7 +113,7 @@ class _Cgroup2Limiter(_CgroupLimiter):
             os.mkdir(leaf)
             _write(leaf / "cgroup.procs", str(os.getpid()))
             self.moved_from, self.home = self.base, leaf
-        if self.controller not in _read(self.base / "cgroup.subtree_control").split():
+        if self.controller not in read_text(self.base / "cgroup.subtree_control").split():
             try:
                 _write(self.base / "cgroup.subtree_control", f"+{self.controller}")
             except OSError as exc:
@@ -150,7 +150,7 @@ def _check_v2_base(base: Path, controller: str) -> None:
     controllers_file = base / "cgroup.controllers"
     if not controllers_file.exists():
         raise _Unavailable(f"{base} is not a cgroup v2 directory")
-    offered = _read(controllers_file).split()
+    offered = read_text(controllers_file).split()
     if controller not in offered:
         raise _Unavailable(f"{controllers_file} offers {' '.join(offered) or 'no controllers'}, "
                            f"not {controller}: enable it in the parent's cgroup.subtree_control "
