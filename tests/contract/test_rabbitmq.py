@@ -378,6 +378,34 @@ def test_a_paused_consumer_hands_back_what_it_buffered(
     draining.ack(held)
 
 
+def test_reading_ahead_hands_out_no_more_than_prefetch_and_gives_the_rest_back(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """A worker's consumer (`ahead=1`): RabbitMQ may push one delivery beyond what is held,
+    so it is at hand when a held one is acked; it is never handed out early, counts as
+    ready, and goes back when the consumer pauses (or its connection closes)."""
+    worker, other = open_broker(), open_broker()
+    for body in (b"1", b"2", b"3", b"4"):
+        worker.publish(queue, body)
+    steps = worker.consume([queue], prefetch=2, timeout=0.3, ahead=1)
+    held = [next(steps), next(steps)]
+    assert [d.body for d in held if d is not None] == [b"1", b"2"]
+    assert next(steps) is None, "a third delivery was handed out beyond prefetch=2"
+    sub = worker._sub
+    assert sub is not None and len(sub.buffers[queue]) == 1, "nothing was read ahead"
+    depth = worker.depth(queue)
+    assert (depth.ready, depth.in_flight) == (2, 2)
+    worker.ack(held[0])  # sent at once: the read-ahead one is handed out without waiting
+    third = steps.send(0.0)
+    assert third is not None and third.body == b"3"
+    worker.pause()
+    worker.extend_lease(held[1])
+    back = first(other, [queue], timeout=5)  # read ahead again after the ack, or not yet
+    assert back is not None and back.body == b"4" and back.delivery_count in (1, 2)
+    other.ack(back)
+    for delivery in (held[1], third):
+        worker.ack(delivery)
+
+
 def test_an_earlier_queue_nobody_pushed_from_is_checked_with_basic_get(
         open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
     """The fallback behind first-listed-first: a delivery of a later queue is only handed out

@@ -107,6 +107,7 @@ class Broker(abc.ABC):
         self._interrupted = threading.Event()
         self._paused = False
         self._prefetch = 1
+        self._ahead = 0  # see consume()
         self._unhanded: list[Delivery] = []   # claimed by consume, not yet handed out
 
     # -- the seam -----------------------------------------------------------------------
@@ -126,8 +127,8 @@ class Broker(abc.ABC):
         for p in publications:
             self.publish(p.queue, p.body, priority=p.priority, delay=p.delay)
 
-    def consume(self, queues: Sequence[str], *, prefetch: int = 1,
-                timeout: float = 1.0) -> Generator[Delivery | None, float | None, None]:
+    def consume(self, queues: Sequence[str], *, prefetch: int = 1, timeout: float = 1.0,
+                ahead: int = 0) -> Generator[Delivery | None, float | None, None]:
         """Yield deliveries from `queues` (first listed first when several have work).
 
         At most `prefetch` deliveries are held (yielded and not yet settled) at once; a step
@@ -135,8 +136,16 @@ class Broker(abc.ABC):
         yields `None`. `steps.send(t)` takes one step with timeout `t` instead (0: claim
         if something is ready, never wait). Transports supply `_claim` and `_wait`; this
         loop is shared.
+
+        `ahead`: a transport whose server pushes deliveries (RabbitMQ) may let it push up to
+        `ahead` more than `prefetch` into this object's buffer, so the next delivery is
+        already here when a held one is settled, instead of one round trip later. They are
+        not handed out before then, count as ready in `depth`, and go back on `pause()`,
+        `close()` or a lost connection. The cost: a message waits behind this consumer's
+        running work while another consumer may be idle. Others ignore it.
         """
         self._prefetch = prefetch
+        self._ahead = ahead
         self._start_consuming(queues, prefetch)
         buffered: list[Delivery] = []
         self._unhanded = buffered

@@ -340,13 +340,13 @@ class KombuBroker(Broker):
 
     # -- consuming -----------------------------------------------------------------------
 
-    def consume(self, queues: Sequence[str], *, prefetch: int = 1,
-                timeout: float = 1.0) -> Generator[Delivery | None, float | None, None]:
+    def consume(self, queues: Sequence[str], *, prefetch: int = 1, timeout: float = 1.0,
+                ahead: int = 0) -> Generator[Delivery | None, float | None, None]:
         """`Broker.consume`; when the caller drops the loop, this object stops taking
         messages: kombu pushes them, and an abandoned subscription would sit on them."""
         mine = self._loop = object()  # a newer loop replaces this one's subscription
         try:
-            yield from super().consume(queues, prefetch=prefetch, timeout=timeout)
+            yield from super().consume(queues, prefetch=prefetch, timeout=timeout, ahead=ahead)
         finally:
             if self._loop is mine:
                 self._want = None

@@ -137,7 +137,7 @@ class Supervisor:
         log.info("worker %s consuming %s with %d slots; memory caps: %s", self.config.hostname,
                  ",".join(self.config.queues), self.config.concurrency, self.limiter.describe())
         steps = self.broker.consume(list(self.config.queues), prefetch=self.config.concurrency,
-                                    timeout=min(1.0, self.config.heartbeat_interval))
+                                    timeout=min(1.0, self.config.heartbeat_interval), ahead=1)
         try:
             while True:
                 self.held.retry()

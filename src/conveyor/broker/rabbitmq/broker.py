@@ -417,6 +417,7 @@ class RabbitMQBroker(Broker):
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
         wanted = list(queues)
+        prefetch += self._ahead  # the qos window: held plus read ahead (see Broker.consume)
         self._owner = threading.get_ident()
         self._warn_consumer_timeout()
         sub = self._sub
@@ -451,6 +452,7 @@ class RabbitMQBroker(Broker):
             self._unsubscribe(sub)
         sub.channel.basic_qos(prefetch_count=prefetch)
         sub.queues, sub.prefetch, sub.cancelled = list(queues), prefetch, False
+        sub.ahead = self._ahead
         for queue in queues:
             sub.buffers.setdefault(queue, deque())
             sub.tags[queue] = sub.channel.basic_consume(queue, self._receiver(sub, queue))
@@ -584,6 +586,8 @@ class RabbitMQBroker(Broker):
             self._stop_if_paused(sub)
             if sub.ledger.owed and not self._settle_owed(sub, timeout):
                 return
+            if self._interrupted.is_set():  # a wakeup() the ack delay's I/O took: go back
+                return
             self._io(max(0.0, min(deadline - time.monotonic(), WAIT_SLICE)))
         except CONNECTION_ERRORS as exc:
             self._lose_connection(f"waiting for deliveries from {list(queues)}", exc)
@@ -678,12 +682,17 @@ class RabbitMQBroker(Broker):
         self._settled()
 
     def _finish(self, sub: Subscription, delivery: Delivery, flush: bool) -> None:
-        """Settle a held delivery: owe its ack, and send owed acks when enough are due."""
+        """Settle a held delivery: owe its ack, and send owed acks when enough are due.
+
+        A consumer reading ahead (a worker) sends each at once: it hands out what it read
+        ahead without a broker call, so it may not block in `_wait` before its next settle,
+        and with its window full RabbitMQ pushes the next delivery only when an ack arrives.
+        Its few slots make a batch of acks small anyway."""
         self._release(delivery.receipt)
         sub.ledger.settle(delivery.receipt.tag)
         if delivery.receipt.consumer not in sub.tags.values():
             self._vanishing_until = time.monotonic() + VANISH_SECONDS
-        if flush or len(sub.ledger.owed) >= sub.prefetch or self._paused:
+        if flush or sub.ahead or len(sub.ledger.owed) >= sub.prefetch or self._paused:
             try:
                 self._flush(sub)
             except CONNECTION_ERRORS as exc:

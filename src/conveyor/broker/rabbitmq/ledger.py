@@ -108,7 +108,8 @@ class Subscription:
     channel: BlockingChannel
     epoch: int
     queues: list[str] = field(default_factory=list)
-    prefetch: int = 1
+    prefetch: int = 1  # the qos window: what may be held plus what may be read ahead
+    ahead: int = 0
     tags: dict[str, str] = field(default_factory=dict)  # queue -> consumer tag
     buffers: dict[str, deque[Delivery]] = field(default_factory=dict)
     ledger: AckLedger = field(default_factory=AckLedger)
