@@ -100,7 +100,7 @@ class _RlimitSlot(Slot):
         if self._admitted is None:
             return None
         try:
-            pages = int(_read(f"/proc/{self._admitted}/statm").split()[1])
+            pages = int(read_text(f"/proc/{self._admitted}/statm").split()[1])
         except (OSError, ValueError, IndexError):   # it exited meanwhile
             return None
         return pages * resource.getpagesize()
