@@ -3,7 +3,9 @@ stores (SQLite and a Postgres schema) and a real SQLite broker, and the SVG char
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,46 @@ def test_finished_bars_stack_failed_on_succeeded() -> None:
     assert svg.count('class="bar succeeded"') == 1 and svg.count('class="bar failed"') == 2
     assert "4 succeeded, 1 failed" in svg
     assert "no task finished" in finished_chart([], T0, T0 + 60, "empty")
+
+
+def test_the_pages_and_their_api_in_process(store: Store, tmp_path: Path) -> None:
+    """The three endpoints answer over a real store and broker; the Queues JSON stays the
+    same between two polls when nothing changed (so an open page does not re-render)."""
+    from conveyor.cli.ui import dashboard
+    from conveyor.ui.http import Request
+
+    broker_url = f"sqlite:///{tmp_path}/ui-broker.db"
+    ui = dashboard(broker_url, url_of(store), str(tmp_path), "queue")
+    with brokers.from_url(broker_url) as broker:
+        broker.publish("work", b"{}")
+        sample(store, broker, ["work"], time.time() - 30, 15.0)
+
+    def get(path: str, status: int = 200, **query: str) -> bytes:
+        response = ui.handle(Request("GET", path, query=query))
+        assert response.status == status, response.body
+        return response.body
+
+    try:
+        check_pages(get)
+    finally:
+        ui.close()
+
+
+def check_pages(get: Callable[..., bytes]) -> None:
+    """What each page and endpoint answers with one sampled queue and nothing else."""
+    first, second = get("/api/queues"), get("/api/queues")
+    assert first == second
+    doc = json.loads(first)
+    assert [q["ready"] for q in doc["queues"] if q["queue"] == "work"] == [1]
+    assert doc["window"] == 3600 and len(doc["depth"]["work"]) == 1
+    assert b'<svg class="chart depth"' in get("/queues")
+    assert json.loads(get("/api/workers")) == {"workers": []}
+    assert json.loads(get("/api/autoscaler")) == {"targets": [], "decisions": []}
+    assert b"no autoscaler has reported" in get("/autoscaler")
+    assert b"no worker registered" in get("/workers")
+    listed = {e["path"]: e["about"] for e in json.loads(get("/api"))["endpoints"]}
+    assert {"/api/queues", "/api/workers", "/api/autoscaler"} <= set(listed)
+    assert all(listed[p] for p in ("/api/queues", "/api/workers", "/api/autoscaler"))
+    refused = json.loads(get("/api/queues", 400, minutes="100000"))
+    assert "minutes='100000'" in refused["error"]
+    assert json.loads(get("/api/queues", minutes="5"))["window"] == 300

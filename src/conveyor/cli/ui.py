@@ -96,5 +96,6 @@ def run_ui(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
+        ui.close()
     print("conveyor ui: stopped", file=sys.stderr, flush=True)
     return 0

@@ -99,6 +99,14 @@ class Dashboard:
         else:
             opened.close()
 
+    def close(self) -> None:
+        """Close the pooled state stores (when the server stops, or a test ends)."""
+        while True:
+            try:
+                self._stores.get_nowait().close()
+            except queue.Empty:
+                return
+
     @contextmanager
     def broker(self) -> Iterator[brokers.Broker]:
         """A broker connection for this request, closed after it."""

@@ -35,8 +35,9 @@ def queues_api(ui: Dashboard, request: Request) -> Response:
     """Each queue's depth now, tasks finished and failure rate over the window (`minutes`,
     default 60), and the depth samples and per-minute counts behind the charts."""
     doc = overview(ui, request)
-    # `until` (now) would change every poll; the page refreshes when the data does
-    return Response.json({k: v for k, v in doc.items() if k != "until"})
+    # the window's ends move with the clock: left out, the page refreshes only when the
+    # data changes (a new sample, a finished task, a depth), not at every poll
+    return Response.json({k: v for k, v in doc.items() if k not in ("since", "until")})
 
 
 def queues_page(ui: Dashboard, request: Request) -> Response:
