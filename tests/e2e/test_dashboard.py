@@ -84,7 +84,7 @@ def test_the_revenue_run_appears_with_its_graph_and_grid(
         sorted(REVENUE_TASKS)
     assert page.locator("svg.dag a.node.st-success").count() == len(REVENUE_TASKS)
     assert page.locator("svg.dag path.edge").count() == 5
-    assert page.locator("table.grid a.cell.st-success").count() == len(REVENUE_TASKS)
+    assert page.locator("table.grid td a.st-success").count() == len(REVENUE_TASKS)
     page.shot("run")
 
     page.locator('svg.dag a.node[data-task="extract_payments"]').click()

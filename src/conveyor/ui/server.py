@@ -8,8 +8,10 @@ has; put a reverse proxy in front for TLS and a login.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from conveyor.ui.app import Dashboard
@@ -37,6 +39,13 @@ class Server(ThreadingHTTPServer):
         thread = threading.Thread(target=self.serve_forever, name="conveyor-ui", daemon=True)
         thread.start()
         return thread
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that navigates away mid-response is no error worth a traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("client %s went away", client_address)
+            return
+        super().handle_error(request, client_address)
 
     def stop(self) -> None:
         self.shutdown()
