@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +42,8 @@ class Event:
     #: its `started` event (another scheduler held that one) still records the start.
     started_at: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: The attempt's last lines of output (stdout and stderr), on outcome events.
+    log: Sequence[str] = ()
 
     def encode(self) -> bytes:
         return json.dumps({"v": 1, **asdict(self)}, separators=(",", ":"),

@@ -92,6 +92,9 @@ def test_the_revenue_run_appears_with_its_graph_and_grid(
     outcomes = page.locator("table tbody tr td:nth-child(2)").all_inner_texts()
     assert outcomes == ["failed", "failed", "succeeded"], outcomes
     assert "PartnerUnavailable" in page.locator("table").inner_text()
+    assert page.locator("details.log").count() == 3
+    assert page.inner_text("details.log[open] pre.log") == \
+        "asking the partner API for payments (attempt 3)"
     page.shot("task")
 
 

@@ -40,7 +40,9 @@ def task_doc(ti: dict[str, Any]) -> dict[str, Any]:
 
 
 def attempt_doc(attempt: dict[str, Any]) -> dict[str, Any]:
-    return {**attempt, "result": value(attempt.get("result")), "took": took(attempt)}
+    """An attempt with its result as data, its duration, and its last lines of output."""
+    return {**attempt, "result": value(attempt.get("result")), "took": took(attempt),
+            "log": json.loads(attempt["log"]) if attempt.get("log") else []}
 
 
 def find_runs(store: Store, *, dag_id: str = "", state: str = "", since: float = 0.0,

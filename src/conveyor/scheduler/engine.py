@@ -167,12 +167,13 @@ class Engine:
         worker_keeps = kind in ("interrupted", "retried") or (
             kind in FAILED and kind != "dead_lettered" and event.retry_in > 0)
         if kind == "succeeded":
-            return self._succeeded(ti, {**key, **what_is_known(event)}, now, event.result)
+            return self._succeeded(ti, {**key, **what_is_known(event)}, now, event.result,
+                                   output(event))
         if worker_keeps:          # same attempt, back to queued
             self._note(now + ti["queued_timeout"])
             self.store.exec("ti_requeued", error=describe(event), **key)
         elif kind in FAILED:
-            self._attempt_failed(ti, key, kind, describe(event), now)
+            self._attempt_failed(ti, key, kind, describe(event), now, output(event))
         elif kind == "started":
             self._note(now + ti["heartbeat_timeout"])
             if not self.store.exec("ti_started", hostname=event.hostname, pid=event.pid, **key):
@@ -187,14 +188,15 @@ class Engine:
         if self.store.exec("ti_started_late", **known):
             self.store.exec("attempt_started_late", **known)
 
-    def _succeeded(self, ti: Row, key: dict[str, Any], now: float, value: Any) -> list[Row]:
+    def _succeeded(self, ti: Row, key: dict[str, Any], now: float, value: Any,
+                   log: str | None = None) -> list[Row]:
         """Success, with the value the task returned kept in the run (for its children,
         `tasks show`, and a restarted scheduler), in the same transaction."""
         result = json.dumps(value)
         if not self.store.exec("ti_succeeded", result=result, **key):
             return []
         self.store.exec("record_attempt", outcome="succeeded", error=None, result=result,
-                        **key)
+                        log=log, **key)
         _trace_attempt(ti, key["attempt"], "success", now)
         ready = self.store.rows("dispatch_children", run_id=ti["run_id"], now=now,
                                 task_id=ti["task_id"], publish_grace=self.publish_grace)
@@ -202,9 +204,9 @@ class Engine:
         return ready
 
     def _attempt_failed(self, ti: Row, key: dict[str, Any], outcome: str, error: str,
-                        now: float) -> None:
+                        now: float, log: str | None = None) -> None:
         """Up for retry while attempts remain (backoff from retry.py), else failed for good."""
-        record = {"outcome": outcome, "error": error, "result": None, **key}
+        record = {"outcome": outcome, "error": error, "result": None, "log": log, **key}
         if key["attempt"] < ti["max_attempts"]:
             due = now + retry_delay(key["attempt"], json.loads(ti["spec"]))
             if self.store.exec("ti_up_for_retry", error=error, next_retry_at=due, **key):
@@ -377,6 +379,11 @@ def what_is_known(event: Event) -> dict[str, Any]:
     """Where and when the attempt ran, as far as `event` says (None: it does not say)."""
     return {"hostname": event.hostname or None, "pid": event.pid or None,
             "started": event.started_at or None}
+
+
+def output(event: Event) -> str | None:
+    """The attempt's last lines of output as stored with it (JSON), None when it sent none."""
+    return json.dumps(list(event.log)) if event.log else None
 
 
 def retry_delay(attempt: int, spec: Mapping[str, Any]) -> float:

@@ -37,6 +37,9 @@ from conveyor.worker import frames
 from conveyor.worker.cgroups.base import read_text
 
 log = logging.getLogger("conveyor.worker")
+#: Lines of a task's output kept for its outcome event, and the characters kept of each:
+#: enough to see why it failed, small enough for any broker's message size.
+LOG_TAIL_LINES, LOG_TAIL_WIDTH = 50, 500
 task_log = logging.getLogger("conveyor.task")
 
 
@@ -56,6 +59,9 @@ class Runner:
     status: int | None = None  # raw waitpid status once it has exited
     tasks_done: int = 0
     last_line: str = ""  # its last line of output: why it died, if it exits unreported
+    #: the current task's last lines of output, sent with its outcome (the dashboard shows them)
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=LOG_TAIL_LINES), repr=False)
     handed_over: bool = False  # its current run was already given to `finished`
     closed: bool = False
     _partial: bytes = field(default=b"", repr=False)
@@ -203,6 +209,7 @@ class Pool:
             runner.task, runner.started, runner.report = task, time.monotonic(), None
             runner.exec_mode = runner.handed_over = False
             runner.last_line = ""
+            runner.tail.clear()
             try:
                 frames.send(runner.channel, frame)
             except OSError:
@@ -423,6 +430,7 @@ class Pool:
     def _log_line(self, runner: Runner, line: bytes) -> None:
         label = getattr(runner.task, "log_label", f"runner={runner.pid}")
         runner.last_line = line.decode(errors="replace")
+        runner.tail.append(runner.last_line[:LOG_TAIL_WIDTH])
         task_log.info("%s %s", label, runner.last_line)
 
     def _unregister(self, runner: Runner) -> None:

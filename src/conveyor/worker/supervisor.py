@@ -391,7 +391,8 @@ class Supervisor:
         retry_in = action.delay if action.verb == "retry" else 0.0
         kind = {"killed": "failed", "lost": "failed", "retry_requested": "failed"}.get(
             outcome.kind, outcome.kind)
-        where = {"pid": run.runner.pid} if run.runner is not None else {}
+        where: dict[str, Any] = {"pid": run.runner.pid, "log": tuple(run.runner.tail)} \
+            if run.runner is not None else {}
         self._tell(kind, m, queue, duration, result=outcome.result, error=dict(outcome.error),
                    reason=outcome.reason, retry_in=retry_in, started_at=time.time() - duration,
                    **where)

@@ -82,6 +82,7 @@ def extract_orders(ledger: str = "") -> dict[str, Any]:
 @task(name="revenue.extract_payments")
 def extract_payments(ledger: str = "", seed: int = 0, fail_rate: float = 0.4) -> dict[str, Any]:
     attempt = record(ledger, "extract_payments")
+    print(f"asking the partner API for payments (attempt {attempt})", flush=True)
     if payments_fail(seed, attempt, fail_rate):
         raise PartnerUnavailable(f"partner API answered 503 Service Unavailable "
                                  f"(attempt {attempt})")

@@ -300,9 +300,9 @@ UPDATE conveyor_task_instances
 
 -- name: record_attempt
 INSERT INTO conveyor_attempts (ti_id, attempt, outcome, queued_at, started_at, ended_at,
-                               hostname, pid, error, result)
+                               hostname, pid, error, result, log)
 SELECT ti_id, attempt, %(outcome)s, queued_at, started_at, %(at)s, hostname, pid, %(error)s,
-       %(result)s
+       %(result)s, %(log)s
   FROM conveyor_task_instances WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
 
 -- name: upstream_failed
@@ -616,3 +616,8 @@ SELECT * FROM conveyor_scalers ORDER BY target;
 
 -- name: recent_scalings
 SELECT * FROM conveyor_scalings ORDER BY at DESC, target LIMIT %(limit)s;
+
+-- name: migration_0009
+-- An attempt's last lines of output (JSON list), sent by the worker with its outcome: the
+-- dashboard shows them with the attempt.
+ALTER TABLE conveyor_attempts ADD COLUMN log TEXT;

@@ -293,9 +293,9 @@ UPDATE conveyor_task_instances
 
 -- name: record_attempt
 INSERT INTO conveyor_attempts (ti_id, attempt, outcome, queued_at, started_at, ended_at,
-                               hostname, pid, error, result)
+                               hostname, pid, error, result, log)
 SELECT ti_id, attempt, :outcome, queued_at, started_at, :at, hostname, pid, :error,
-       :result
+       :result, :log
   FROM conveyor_task_instances WHERE ti_id = :ti_id AND attempt = :attempt;
 
 -- name: upstream_failed
@@ -602,3 +602,8 @@ SELECT * FROM conveyor_scalers ORDER BY target;
 
 -- name: recent_scalings
 SELECT * FROM conveyor_scalings ORDER BY at DESC, target LIMIT :limit;
+
+-- name: migration_0009
+-- An attempt's last lines of output (JSON list), sent by the worker with its outcome: the
+-- dashboard shows them with the attempt.
+ALTER TABLE conveyor_attempts ADD COLUMN log TEXT;

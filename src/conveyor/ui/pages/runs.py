@@ -221,9 +221,22 @@ def task_page(ui: Dashboard, request: Request, run_id: str, task_id: str) -> Res
             + "<h2>Attempts</h2>"
             + table(["attempt", "outcome", "host", "pid", "queued", "started", "ended", "took",
                      "result", "error"], (_attempt_row(a) for a in attempts),
-                    empty="no attempt has ended yet"))
+                    empty="no attempt has ended yet")
+            + "<h2>Log</h2>" + _logs(attempts))
     return ui.page(request, f"{task_id} · {run_id}", body, active="/runs",
                    poll=f"/api/runs/{seg(run_id)}/tasks/{seg(task_id)}")
+
+
+def _logs(attempts: list[dict[str, Any]]) -> str:
+    """Each attempt's last lines of output (the worker sends up to 50 with the outcome)."""
+    shown = [a for a in attempts if a["log"]]
+    if not shown:
+        return ('<p class="empty">no output: lines a task prints arrive with its attempt\'s '
+                "outcome (the last 50)</p>")
+    return "".join(
+        f'<details class="log"{" open" if a is shown[-1] else ""}><summary>attempt '
+        f'{a["attempt"]} ({e(a["outcome"])}): {len(a["log"])} line(s)</summary>'
+        f'<pre class="log">{e(chr(10).join(a["log"]))}</pre></details>' for a in shown)
 
 
 def _value_block(title: str, value: Any) -> str:
