@@ -5,7 +5,7 @@
 Each configuration enqueues `--n` no-op tasks from a client process of its own, then a real
 `conveyor worker -c 2 --burst` (a fresh runner per task, the default) drains them, on Redis:
 
-  base        the code at REV (default: the merge-base with main), no tracing in it at all
+  base        the code at REV (default: the commit before tracing came in), no tracing at all
   off         this checkout, CONVEYOR_TRACING=off (the default)
   on          this checkout, tracing on: every span made by the SDK and handed to a batch
               processor whose exporter drops them (the SDK's cost, not a collector's)
@@ -18,6 +18,13 @@ End-to-end figures on a shared machine move by more than tracing costs, so it al
 the hooks themselves in this process (no broker): the check every hook makes while tracing
 is off, and, on, one task's whole set of spans (enqueue, claim, run, outcome) handed to the
 dropping batch processor.
+
+And the road not taken for the run span: a runner making and exporting it itself. Runners
+are fresh forks that exit right after their report, so a batch processor would lose the
+span; the runner would have to load the SDK (or find it preloaded in the zygote), set up a
+provider and export synchronously before exiting. Timed over forked children: the SDK
+imported in each child, and preloaded before the fork, against what runners do instead
+(two clock reads, the times sent in the report frame).
 """
 
 from __future__ import annotations
@@ -106,6 +113,14 @@ def purge(prefix: str) -> None:
     client.close()
 
 
+def before_tracing() -> str:
+    """The commit before the one that added conveyor/tracing."""
+    added = subprocess.run(["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%H",
+                            "--", "src/conveyor/tracing/__init__.py"], check=True,
+                           capture_output=True, text=True).stdout.split()[-1]
+    return f"{added[:10]}~1"
+
+
 def base_source(rev: str, into: Path) -> Path:
     """The src/ tree of `rev`, exported into `into`."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True,
@@ -140,15 +155,50 @@ def micro(repeat: int = 20000) -> tuple[float, float]:
     return off, on
 
 
+def forked(body: Any, n: int) -> float:
+    """ms per forked child running `body`, fork and reaping included."""
+    started = time.perf_counter()
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                body()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    return (time.perf_counter() - started) / n * 1e3
+
+
+def runner_side(n: int = 40) -> dict[str, float]:
+    """Extra ms per runner for each way of making the run span (see the docstring)."""
+    code = ("from opentelemetry.sdk.trace import TracerProvider\n"
+            "from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, "
+            "SpanExportResult\n"
+            "class Null(SpanExporter):\n"
+            "    def export(self, spans): return SpanExportResult.SUCCESS\n"
+            "provider = TracerProvider()\n"
+            "provider.add_span_processor(SimpleSpanProcessor(Null()))\n"
+            "provider.get_tracer('conveyor').start_span('run').end()\n"
+            "provider.shutdown()\n")
+
+    def report_frame() -> None:
+        [time.time_ns(), time.time_ns()]
+
+    base = forked(report_frame, n)
+    cold = forked(lambda: exec(code, {}), max(5, n // 8)) - base
+    import opentelemetry.sdk.trace  # noqa: F401 - preloaded, as a zygote would
+    import opentelemetry.sdk.trace.export  # noqa: F401
+    warm = forked(lambda: exec(code, {}), n) - base
+    return {"SDK imported in the runner": cold, "SDK preloaded in the zygote": warm}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--base", default="")
     args = parser.parse_args()
-    rev = args.base or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"],
-                                      check=True, capture_output=True,
-                                      text=True).stdout.strip()
+    rev = args.base or before_tracing()
     with tempfile.TemporaryDirectory() as tmp:
         configs = {"base": (base_source(rev, Path(tmp)), ""),
                    "off": (ROOT / "src", "off"),
@@ -157,11 +207,13 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, (src, tracing) in configs.items():
                 figures[name].append(one_round(src, tracing, args.n))
+    for way, ms in runner_side().items():
+        print(f"run span made in the runner, {way}: +{ms:.1f} ms per task")
     off, on = micro()
     print(f"hooks, in process: off {off:.0f} ns per check (about 6 per task); on {on:.0f} µs "
           "per task for its 4 spans")
     print(f"{args.n} no-op tasks, worker -c 2, Redis, median of {args.rounds} rounds "
-          f"(base: {rev[:10]})")
+          f"(base: {rev})")
     print(f"{'':6} {'enqueue µs/msg':>15} {'worker ms/task':>15}")
     for name, rows in figures.items():
         print(f"{name:6} {statistics.median(r[0] for r in rows):15.1f} "

@@ -1,7 +1,9 @@
-"""A DAG run's trace when its events are applied by two schedulers, one after the other (a
-restart, or a second scheduler): the run's span and its task instances' spans share the ids
-the run id gives, whichever scheduler makes them. Engines on SQLite in tmp_path; spans
-through the tracing tests' exporter (the SDK's in-memory one, written to a file)."""
+"""Spans made in process. A DAG run's trace when its events are applied by two schedulers,
+one after the other (a restart, or a second scheduler): the run's span and its task
+instances' spans share the ids the run id gives, whichever scheduler makes them. A task that
+enqueues a follow-up: the follow-up's trace goes on from the task's run span. Engines on
+SQLite in tmp_path; spans through the tracing tests' exporter (the SDK's in-memory one,
+written to a file)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import Any
 import pytest
 
 from conveyor import tracing
+from conveyor.context import TaskContext, context
+from conveyor.message import Message
 from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
@@ -80,3 +84,18 @@ def test_spans_made_by_two_schedulers_form_one_trace(store: Store, spans_file: P
     # each attempt's message named that attempt's span as its parent, before it existed
     assert [tracing.parse_traceparent(h["traceparent"]) for h in sent] == [
         (int(s["trace"], 16), int(s["span"], 16), True) for s in attempts]
+
+
+def test_a_task_enqueuing_a_follow_up_makes_it_a_child_of_its_run_span(
+        spans_file: Path) -> None:
+    tracer = tracing.current()
+    assert tracer is not None
+    run_span = tracing.traceparent(0xABC, 0xDEF)
+    context.set(TaskContext(message_id="m", traceparent=run_span))
+    try:
+        sent = tracer.produced(Message(queue="q", task="t.next"))
+    finally:
+        context.set(None)
+    (enqueue,) = read(spans_file)
+    assert (enqueue["trace"], enqueue["parent"]) == (f"{0xABC:032x}", f"{0xDEF:016x}")
+    assert sent.headers["traceparent"] == tracing.traceparent(0xABC, int(enqueue["span"], 16))

@@ -46,6 +46,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from conveyor.context import ContextError, context
 from conveyor.errors import ConfigError
 from conveyor.message import Message
 from conveyor.tracing.ids import TRACEPARENT, TRACESTATE, run_ids, task_instance_ids
@@ -189,12 +190,12 @@ class Tracer:
     # -- producing --------------------------------------------------------------------------
 
     def _parent_of(self, message: Message) -> otel_context.Context | None:
-        """The caller's current span if there is one, else the context in the headers."""
+        """The caller's current span if there is one, else the context in the headers, else
+        the run span of the task this code runs in (a task enqueuing a follow-up)."""
         if trace.get_current_span().get_span_context().is_valid:
             return None
-        if TRACEPARENT in message.headers:
-            return _W3C.extract(dict(message.headers))
-        return None
+        carrier = message.headers if TRACEPARENT in message.headers else _running_task()
+        return _W3C.extract(dict(carrier)) if carrier else None
 
     @contextmanager
     def producing(self, message: Message) -> Iterator[Message]:
@@ -313,6 +314,15 @@ def _set_outcome(span: trace.Span, outcome: str, reason: str,
         span.add_event("exception", {"exception.type": str(error.get("type", "")),
                                      "exception.message": str(error.get("message", "")),
                                      "exception.stacktrace": str(error.get("traceback", ""))})
+
+
+def _running_task() -> dict[str, str]:
+    """The trace context of the task running in this process ({} outside a task)."""
+    try:
+        parent = context.traceparent
+    except ContextError:
+        return {}
+    return {TRACEPARENT: parent} if parent else {}
 
 
 def _message_attributes(message: Message, queue: str = "") -> dict[str, Any]:
