@@ -38,3 +38,9 @@ def hold(ledger: str, tag: str, marker: str = "") -> None:
         open(marker, "w").close()
         time.sleep(60)
     _note(ledger, "E", tag)
+
+
+@task(name="f.free", max_retries=0)
+def free_job(ledger: str) -> None:
+    _note(ledger, "S", "free")
+    _note(ledger, "E", "free")

@@ -217,3 +217,16 @@ def test_one_task_of_key_b_starts_within_a_task_duration_behind_a_backlog_of_key
     first_a = started(ledger, "a")
     assert first_a is not None
     assert b_started - first_a <= duration, (b_started - first_a)
+
+
+def test_unlimited_tasks_never_open_the_limiters_store(tmp_path: Path, unique: str) -> None:
+    """Its store unreachable, a worker still runs tasks without limits: it never opened it."""
+    url = f"sqlite:///{tmp_path}/broker.db"
+    ledger = tmp_path / "ledger"
+    with from_url(url) as broker:
+        enqueue_all(broker, [flow_tasks.free_job.message((str(ledger),), queue=unique)
+                             for _ in range(5)])
+    [proc] = workers(url, unique, 1, {"CONVEYOR_LIMITS_URL": "redis://127.0.0.1:1/0"})
+    out = finish(proc, timeout=60)
+    assert sum(1 for x in ledger_lines(ledger) if x[0] == "E") == 5, out[-2000:]
+    assert "limit" not in out.lower(), out[-2000:]
