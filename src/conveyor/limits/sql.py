@@ -307,6 +307,7 @@ class PostgresLimiter(SqlLimiter):
                 sql.Identifier(self.schema)))
             self._conn.execute(Q["schema_postgres"])
             self._conn.execute(Q["admit_function_postgres"])
+            self._conn.execute(Q["release_function_postgres"])
 
     def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
               rate_reserved: bool = False) -> Decision:
@@ -318,6 +319,17 @@ class PostgresLimiter(SqlLimiter):
              parcel.priority, now, lease, rate_reserved, RATE_SLACK)).fetchone()
         assert row is not None
         return Decision(row[0], row[1], float(row[2]))
+
+    def release(self, holder: str, specs: Sequence[Spec], now: float,
+                lease: float) -> list[Parcel]:
+        """One round trip: `SqlLimiter.release` in a server-side function."""
+        keys = [s.key for s in specs if s.kind == "c"]
+        if not keys:
+            return []
+        rows = self._conn.execute(
+            "SELECT r_id, r_queue, r_body, r_priority FROM conveyor_limit_release(%s, %s::text[],"
+            " %s, %s)", (holder, keys, now, lease)).fetchall()
+        return [Parcel(r[0], r[1], bytes(r[2]), r[3]) for r in rows]
 
     @contextmanager
     def _transaction(self) -> Iterator[Tx]:

@@ -228,3 +228,41 @@ BEGIN
     delay := 0;
 END
 $$;
+
+-- name: release_function_postgres
+-- `release` in one round trip: the steps of SqlLimiter.release, under the same lock.
+CREATE OR REPLACE FUNCTION conveyor_limit_release(
+    p_holder text, p_keys text[], p_now double precision, p_lease double precision)
+RETURNS TABLE (r_id text, r_queue text, r_body bytea, r_priority integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k text;
+    lim integer;
+    room bigint;
+    p record;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('conveyor-limits:' || current_schema()));
+    FOREACH k IN ARRAY p_keys LOOP
+        DELETE FROM conveyor_limit_tokens t
+         WHERE t.key = k AND (t.holder = p_holder OR t.expires < p_now);
+        SELECT COALESCE(c.max, (c.declared::jsonb->>'max')::integer, 1) INTO lim
+          FROM conveyor_limit_keys c WHERE c.key = k;
+        CONTINUE WHEN lim IS NULL;
+        SELECT lim - COALESCE(SUM(t.weight), 0) INTO room
+          FROM conveyor_limit_tokens t WHERE t.key = k;
+        FOR p IN SELECT q.id, q.queue, q.body, q.priority, q.weight
+                   FROM conveyor_limit_parked q
+                  WHERE q.key = k AND q.moving_until IS NULL
+                  ORDER BY q.seq LIMIT GREATEST(room, 0) LOOP
+            EXIT WHEN p.weight > room;
+            room := room - p.weight;
+            INSERT INTO conveyor_limit_tokens AS t (key, holder, weight, expires)
+            VALUES (k, p.id, p.weight, p_now + p_lease)
+            ON CONFLICT (key, holder) DO UPDATE SET expires = excluded.expires;
+            UPDATE conveyor_limit_parked q SET moving_until = p_now + p_lease WHERE q.id = p.id;
+            r_id := p.id; r_queue := p.queue; r_body := p.body; r_priority := p.priority;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END
+$$;
