@@ -93,6 +93,10 @@ def test_a_dag_id_taken_by_another_file_is_an_error_and_a_vanished_folder_keeps_
     assert folder.refresh() == []
     assert folder.dags["a"].file == str(tmp_path / "a.py")
     assert "DAG id 'a' is also declared at" in str(folder.errors[0])
+    (tmp_path / "a.py").unlink()                   # the id is free: b.py takes it
+    changes = sorted(str(c) for c in folder.refresh())
+    assert changes[1].startswith("DAG a (b.py): added") and folder.errors == []
+    assert folder.dags["a"].file == str(tmp_path / "b.py")
     moved = tmp_path.with_name(tmp_path.name + "-moved")
     tmp_path.rename(moved)
     try:
@@ -100,3 +104,4 @@ def test_a_dag_id_taken_by_another_file_is_an_error_and_a_vanished_folder_keeps_
         assert "does not exist" in str(folder.errors[0])
     finally:
         moved.rename(tmp_path)
+    assert folder.refresh() == [] and list(folder.dags) == ["a"] and folder.errors == []

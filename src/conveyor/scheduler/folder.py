@@ -62,6 +62,8 @@ class _File:
     stamp: Stamp
     dag_ids: list[str] = field(default_factory=list)
     errors: list[DagError] = field(default_factory=list)
+    #: DAG ids this file declares that another file held: it loads again once they are free
+    blocked: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -129,7 +131,8 @@ class DagFolder:
             changes += self._forget(path)
         for path in sorted(stamps):
             known = self._files.get(path)
-            if known is None or known.stamp != stamps[path]:
+            if known is None or known.stamp != stamps[path] or any(
+                    dag_id not in self.dags for dag_id in known.blocked):
                 changes += self._reload(path, stamps[path])
         return changes
 
@@ -179,6 +182,7 @@ class DagFolder:
             owner = self._owner(dag.dag_id)
             if owner is not None and owner != path:
                 now.errors.append(duplicate_error(dag, self.dags[dag.dag_id]))
+                now.blocked.add(dag.dag_id)
                 continue
             old = self.dags.get(dag.dag_id)
             self.dags[dag.dag_id] = dag
