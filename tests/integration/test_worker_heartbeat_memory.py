@@ -1,6 +1,6 @@
-"""A real worker's heartbeat row shows each runner slot: its task, and the memory charged to
-its lane against the task's cap (what the dashboard's Workers page draws), on SQLite and
-Postgres state stores."""
+"""A real worker's heartbeat row counts the tasks it finished per queue and shows each runner
+slot: its task, and the memory charged to its lane against the task's cap (what the
+dashboard's Queues and Workers pages draw), on SQLite and Postgres state stores."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def test_the_heartbeat_shows_a_runners_memory_against_its_cap(tmp_path: Path, un
                           f"--state={state_url}", burst=False,
                           env=worker_env(broker_url, CONVEYOR_STATE_URL=state_url))
     try:
+        enqueue(broker, task_message("t.add", unique, 1, 2))
+        enqueue(broker, task_message("t.fail", unique))     # fails, is retried, fails again
+
+        def counted() -> bool:
+            return any((w.runners or {}).get("finished", {}).get(unique) == [1, 2]
+                       for w in workers(store))
+
+        wait_for(counted, 60, "a heartbeat counting 1 succeeded and 2 failed tasks")
         enqueue(broker, task_message("t.hold", unique, 48, 30.0))
 
         def holding() -> WorkerRecord | None:

@@ -5,6 +5,7 @@ Real state stores (SQLite and a Postgres schema) and a real SQLite broker in tmp
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -18,9 +19,18 @@ from conveyor.scheduler import DAG
 from conveyor.scheduler.daemon import Daemon
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
-from conveyor.scheduler.sampler import RETENTION, Sampler, period_start, queues_to_sample, sample
+from conveyor.scheduler.sampler import (
+    RETENTION,
+    Sampler,
+    growth,
+    period_start,
+    queues_to_sample,
+    sample,
+    worker_counts,
+)
 from conveyor.state.store import Store, from_url
-from tests.support import RecordingExecutor, event, wait_for
+from tests.conftest import POSTGRES_URL
+from tests.support import RecordingExecutor, wait_for
 
 T0 = 1_700_000_000.0
 
@@ -71,26 +81,39 @@ def test_samples_older_than_the_retention_are_forgotten(store: Store, broker: Br
                                               period_start(T0 + RETENTION + 30, 15)]
 
 
-def test_outcomes_per_minute_count_attempts_by_queue(store: Store) -> None:
-    dag = DAG("pair")
-    dag.task("t.first", queue="fast") >> dag.task("t.second", queue="fast", retries=1,
-                                                   retry_delay=1, retry_jitter=False)
-    dag.validate(["queue"])
-    executor = RecordingExecutor()
-    engine = Engine(store, {"queue": executor}, dags={"pair": dag})
-    create_run(store, dag, T0, executors=["queue"])
-    engine.tick(T0)
-    engine.handle(event(executor.pop("first"), "succeeded", T0 + 1), T0 + 1)
-    engine.handle(event(executor.pop("second"), "failed", T0 + 70,
-                        error={"type": "Boom", "message": "no"}), T0 + 70)
-    engine.tick(T0 + 72)
-    engine.handle(event(executor.pop("second"), "succeeded", T0 + 75), T0 + 75)
+def beat(store: Store, worker: str, finished: dict[str, list[int]], at: float = T0) -> None:
+    """A heartbeat row of `worker` saying what it finished per queue since it started."""
+    store.exec("upsert_worker", worker_id=worker, hostname=worker, pid=1, queues="fast",
+               concurrency=2, busy=0, interval=10.0, started_at=at, now=at,
+               runners=json.dumps({"limiter": "cgroup2", "slots": [], "finished": finished}))
 
-    rows = store.rows("outcomes_per_minute", since=T0 - 60)
-    per_minute = [(r["queue"], int(r["minute"]), r["succeeded"], r["failed"]) for r in rows]
-    m0 = int(T0 // 60 * 60)
-    assert per_minute == [("fast", m0, 1, 0), ("fast", m0 + 60, 1, 1)]
-    assert store.rows("outcomes_per_minute", since=T0 + 100) == []
+
+def finished(store: Store, queue: str) -> list[tuple[int | None, int | None]]:
+    return [(r["succeeded"], r["failed"]) for r in store.rows("queue_samples", since=0)
+            if r["queue"] == queue]
+
+
+def test_each_sample_holds_what_the_workers_finished_since_the_last(
+        tmp_path: Path, store: Store, broker: Broker) -> None:
+    url = f"sqlite:///{store.path}" if store.dialect == "sqlite" else \
+        f"{POSTGRES_URL}?schema={store.schema}"  # type: ignore[attr-defined]
+    sampler = Sampler(url, lambda: broker, 15.0, always=())
+    beat(store, "w1", {"fast": [5, 1]})
+    sampler.run_once(T0)                       # first period: counts unknown, baseline kept
+    beat(store, "w1", {"fast": [9, 1]})
+    beat(store, "w2", {"fast": [2, 3], "slow": [1, 0]})     # new since: counts from its start
+    sampler.run_once(T0 + 15)
+    store.exec("delete_worker", worker_id="w2")            # gone: adds nothing
+    beat(store, "w1", {"fast": [10, 2]})
+    sampler.run_once(T0 + 30)
+    sampler.close()
+    assert finished(store, "fast") == [(None, None), (6, 3), (1, 1)]
+    assert finished(store, "slow") == [(1, 0)]   # no longer served: no longer sampled
+
+
+def test_growth_never_goes_negative() -> None:
+    assert growth({"w": {"q": (5, 5)}}, {"w": {"q": (3, 7)}}) == {"q": (0, 2)}
+    assert worker_counts([{"worker_id": "w", "runners": None}]) == {"w": {}}
 
 
 class SlowBroker:

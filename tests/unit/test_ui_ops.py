@@ -16,14 +16,11 @@ from conveyor.broker import Broker
 from conveyor.readers.autoscaler import scaling, stale_after
 from conveyor.readers.queue_history import queue_overview
 from conveyor.readers.workers import worker_rows
-from conveyor.scheduler import DAG
-from conveyor.scheduler.engine import Engine
-from conveyor.scheduler.runs import create_run, iso
+from conveyor.scheduler.runs import iso
 from conveyor.scheduler.sampler import period_start, sample
 from conveyor.state.store import Store
 from conveyor.ui.charts import depth_chart, finished_chart, nice_top
 from conveyor.worker.registry import Registry
-from tests.support import RecordingExecutor, event
 
 T0 = 1_700_000_000.0
 
@@ -42,30 +39,14 @@ def url_of(store: Store) -> str:
     return f"{POSTGRES_URL}?schema={store.schema}"  # type: ignore[attr-defined]
 
 
-def finish_three_on(store: Store, queue: str, at: float) -> None:
-    """Three attempts end on `queue` around `at`: two succeed, one fails (then retried)."""
-    dag = DAG("trio")
-    dag.task("t.a", queue=queue)
-    dag.task("t.b", queue=queue, retries=1, retry_delay=1, retry_jitter=False)
-    dag.validate(["queue"])
-    executor = RecordingExecutor()
-    engine = Engine(store, {"queue": executor}, dags={"trio": dag})
-    create_run(store, dag, at, executors=["queue"])
-    engine.tick(at)
-    engine.handle(event(executor.pop("a"), "succeeded", at + 1), at + 1)
-    engine.handle(event(executor.pop("b"), "failed", at + 2, error={"type": "Boom"}), at + 2)
-    engine.tick(at + 4)
-    engine.handle(event(executor.pop("b"), "succeeded", at + 5), at + 5)
-
-
 def test_queue_overview_has_depth_now_rates_and_history(store: Store, broker: Broker) -> None:
     now = T0 + 3000
     broker.publish("work", b"{}")
     broker.publish("work", b"{}")
-    for at in (now - 120, now - 105, now - 90):
-        sample(store, broker, ["default", "work"], at, interval=15)
-    sample(store, broker, ["gone"], now - 4000, interval=15)   # before the window
-    finish_three_on(store, "work", now - 200)
+    sample(store, broker, ["default", "work"], now - 120, 15)     # counts unknown
+    sample(store, broker, ["default", "work"], now - 105, 15, {"work": (2, 1)})
+    sample(store, broker, ["default", "work"], now - 40, 15, {"work": (0, 0)})
+    sample(store, broker, ["gone"], now - 4000, 15, {"gone": (9, 9)})   # before the window
 
     doc = queue_overview(store, broker, ["extra"], now)
     rows = {q["queue"]: q for q in doc["queues"]}
@@ -78,7 +59,8 @@ def test_queue_overview_has_depth_now_rates_and_history(store: Store, broker: Br
     assert rows["default"]["failure_rate"] is None
     assert [s[1] for s in doc["depth"]["work"]] == [2, 2, 2]
     assert doc["depth"]["work"][0][0] == period_start(now - 120, 15)
-    assert sum(m[1] for m in doc["finished"]["work"]) == 2
+    minute = period_start(now - 105, 15) // 60 * 60
+    assert doc["finished"] == {"work": [[minute, 2, 1]]}
 
 
 def test_worker_rows_carry_slots_and_runners(store: Store) -> None:

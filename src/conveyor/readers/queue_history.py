@@ -1,10 +1,9 @@
 """Queues over time: depth as the scheduler sampled it, and tasks finished per minute.
 
-Depth history comes from `conveyor_queue_samples` (see `conveyor.scheduler.sampler`: one row
-per queue per sampling period, kept a few hours). Throughput and failure rate come from the
-attempts the state store records as the scheduler applies outcomes: they count the tasks the
-scheduler runs (DAG tasks, `conveyor submit`), not messages a Client publishes straight to a
-broker, which no store hears about.
+Both come from `conveyor_queue_samples` (see `conveyor.scheduler.sampler`: one row per queue
+per sampling period, kept a few hours). Finished tasks are what registered workers reported
+on their heartbeats: every task they ran, DAG tasks and messages published straight to a
+broker alike; a worker started without a state store reports to none and is not counted.
 """
 
 from __future__ import annotations
@@ -20,25 +19,24 @@ from conveyor.state.store import Store
 HOUR = 3600.0
 
 
-def depth_history(store: Store, since: float) -> dict[str, list[list[float]]]:
-    """Per queue, its samples since `since`, oldest first: [at, ready, in_flight, delayed,
-    dead], `at` the start of the sampling period (Unix seconds)."""
-    found: dict[str, list[list[float]]] = {}
+def history(store: Store, since: float) -> tuple[dict[str, list[list[float]]],
+                                                 dict[str, list[list[float]]]]:
+    """Per queue since `since`, oldest first: its depth samples [at, ready, in_flight,
+    delayed, dead] (`at` the start of the sampling period, Unix seconds), and the tasks that
+    finished in each minute [minute, succeeded, failed] (failed in any way: raised,
+    OOM-killed, timed out; a retry that follows counts again)."""
+    depth: dict[str, list[list[float]]] = {}
+    minutes: dict[str, dict[float, list[float]]] = {}
     for r in store.rows("queue_samples", since=since):
-        found.setdefault(r["queue"], []).append(
+        queue = r["queue"]
+        depth.setdefault(queue, []).append(
             [r["at"], r["ready"], r["in_flight"], r["delayed"], r["dead"]])
-    return found
-
-
-def finished_per_minute(store: Store, since: float) -> dict[str, list[list[float]]]:
-    """Per queue, attempts that ended in each minute since `since`, oldest first: [minute,
-    succeeded, failed] (failed in any way: raised, OOM-killed, timed out, dead-lettered,
-    whether or not a retry follows)."""
-    found: dict[str, list[list[float]]] = {}
-    for r in store.rows("outcomes_per_minute", since=since):
-        found.setdefault(r["queue"], []).append(
-            [float(r["minute"]), int(r["succeeded"]), int(r["failed"])])
-    return found
+        if r["succeeded"] or r["failed"]:
+            minute = float(r["at"] - r["at"] % 60)
+            row = minutes.setdefault(queue, {}).setdefault(minute, [minute, 0, 0])
+            row[1] += r["succeeded"] or 0
+            row[2] += r["failed"] or 0
+    return depth, {q: list(by_minute.values()) for q, by_minute in minutes.items()}
 
 
 def queue_overview(store: Store, broker: Broker, extra: Sequence[str], now: float,
@@ -46,10 +44,9 @@ def queue_overview(store: Store, broker: Broker, extra: Sequence[str], now: floa
     """Each queue's depth now (read from the broker) with its finished tasks and failure
     rate over `window`, and the history behind the charts: one JSON-ready document."""
     since = now - window
-    history = depth_history(store, since)
-    minutes = finished_per_minute(store, since)
+    depth, minutes = history(store, since)
     names = known_queues(store, extra)
-    names += [q for q in [*history, *minutes] if q not in names]   # no longer in use
+    names += [q for q in depth if q not in names]   # sampled, no longer in use
     rows = queue_rows(broker, list(dict.fromkeys(names)))
     for row in rows:
         succeeded = sum(int(m[1]) for m in minutes.get(row["queue"], []))
@@ -59,4 +56,4 @@ def queue_overview(store: Store, broker: Broker, extra: Sequence[str], now: floa
                    per_minute=round(finished * 60 / window, 2),
                    failure_rate=round(failed / finished, 3) if finished else None)
     return {"since": since, "until": now, "window": window, "queues": rows,
-            "depth": history, "finished": minutes}
+            "depth": depth, "finished": minutes}

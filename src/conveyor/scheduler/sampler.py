@@ -1,9 +1,12 @@
-"""Queue depth over time, for the dashboard's chart: the scheduler samples it.
+"""Queue depth and throughput over time, for the dashboard's charts: the scheduler samples.
 
 Every `interval` seconds a thread of its own reads the depth (ready, in flight, delayed,
 dead) of the queues in use, through a broker connection of its own, and writes one row per
 queue to the state store, stamped with the start of its sampling period: two schedulers
 sharing a store write each period once. Rows older than `RETENTION` are deleted as it goes.
+Each row also holds the tasks that succeeded and failed on that queue since the previous
+sample: the growth of the counts every registered worker puts on its heartbeat (a worker
+seen for the first time counts from its start; the sampler's first period has no counts).
 
 Why the scheduler: it is the one daemon every deployment runs, and it already holds the
 broker and state-store settings. Why a thread: a depth read can be slow (RabbitMQ answers
@@ -15,11 +18,12 @@ period (15 s by default), nothing in between.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from conveyor.broker import Broker, Depth
 
@@ -51,20 +55,52 @@ def period_start(now: float, interval: float) -> float:
     return now - now % interval
 
 
+#: worker id -> queue -> (succeeded, failed) since that worker started
+Counts = dict[str, dict[str, tuple[int, int]]]
+
+
 def sample(store: Store, broker: Broker, queues: Sequence[str], now: float,
-           interval: float) -> dict[str, Depth]:
-    """Read each queue's depth and record it for the period of `now`; forget old samples.
+           interval: float, finished: Mapping[str, tuple[int, int]] | None = None
+           ) -> dict[str, Depth]:
+    """Read each queue's depth and record it for the period of `now`, with the tasks
+    `finished` on it since the last sample (None: not known); forget old samples.
 
     Depths are read before the transaction opens: a slow broker never holds a write lock.
     """
-    depths = {queue: broker.depth(queue) for queue in queues}
+    names = list(dict.fromkeys([*queues, *(finished or {})]))
+    depths = {queue: broker.depth(queue) for queue in names}
     at = period_start(now, interval)
     with store.transaction():
         for queue, d in depths.items():
+            done = (finished or {}).get(queue, (0, 0)) if finished is not None else None
             store.exec("insert_queue_sample", at=at, queue=queue, ready=d.ready,
-                       in_flight=d.in_flight, delayed=d.delayed, dead=d.dead)
+                       in_flight=d.in_flight, delayed=d.delayed, dead=d.dead,
+                       succeeded=done[0] if done else None, failed=done[1] if done else None)
         store.exec("forget_queue_samples", before=now - RETENTION)
     return depths
+
+
+def worker_counts(rows: Sequence[Mapping[str, Any]]) -> Counts:
+    """What each registered worker says it finished per queue (from its heartbeat row)."""
+    counts: Counts = {}
+    for row in rows:
+        reported = json.loads(row["runners"]) if row.get("runners") else {}
+        counts[row["worker_id"]] = {q: (int(s), int(f)) for q, (s, f)
+                                    in reported.get("finished", {}).items()}
+    return counts
+
+
+def growth(before: Counts, now: Counts) -> dict[str, tuple[int, int]]:
+    """Per queue, how much the workers' counts grew (a worker new since `before` counts from
+    its start; one that is gone adds nothing)."""
+    grown: dict[str, tuple[int, int]] = {}
+    for worker, queues in now.items():
+        for queue, (succeeded, failed) in queues.items():
+            was = before.get(worker, {}).get(queue, (0, 0))
+            total = grown.get(queue, (0, 0))
+            grown[queue] = (total[0] + max(0, succeeded - was[0]),
+                            total[1] + max(0, failed - was[1]))
+    return grown
 
 
 class Sampler:
@@ -79,6 +115,7 @@ class Sampler:
         self._open_broker = open_broker
         self._broker: Broker | None = None
         self._store: Store | None = None
+        self._counts: Counts | None = None    # the workers' counts at the last sample
         self._failing = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="conveyor-queue-sampler",
@@ -102,7 +139,11 @@ class Sampler:
         """One sample; a failure is logged (once until it works again), never raised."""
         try:
             store, broker = self._open()
-            sample(store, broker, queues_to_sample(store, self.always), now, self.interval)
+            counts = worker_counts(store.rows("workers"))
+            finished = None if self._counts is None else growth(self._counts, counts)
+            sample(store, broker, queues_to_sample(store, self.always), now, self.interval,
+                   finished)
+            self._counts = counts
         except Exception as exc:  # monitoring must never stop the scheduler
             if not self._failing:
                 log.warning("queue sampler: cannot record queue depth (%s: %s); the "

@@ -47,8 +47,9 @@ class WorkerRecord:
     interval: float
     started_at: float
     heartbeat_at: float
-    #: {"limiter": kind, "slots": [{"slot", "task", "memory", "limit", ...}]}, or None from
-    #: a worker that reports no runners
+    #: {"limiter": kind, "slots": [{"slot", "task", "memory", "limit", ...}],
+    #: "finished": {queue: [succeeded, failed] since it started}}, or None from a worker
+    #: that reports no runners
     runners: dict[str, Any] | None = None
 
     @property

@@ -119,6 +119,9 @@ class Supervisor:
         self.pending: deque[Run] = deque()
         self.held = HeldSettles(config.exit_after_outage)  # settles the broker could not take
         self.running: set[Run] = set()
+        #: queue -> (succeeded, failed) tasks since start, for the heartbeat: replaced, never
+        #: mutated, so the registry's thread can copy it while the main thread counts
+        self.finished: dict[str, tuple[int, int]] = {}
         self.draining_since: float | None = None
         self.cold = False
         self._next_heartbeat = time.monotonic() + config.heartbeat_interval
@@ -318,8 +321,8 @@ class Supervisor:
     def runners(self) -> dict[str, Any]:
         """What each runner slot holds now, for the worker's heartbeat (from any thread):
         its task (the name only; a command's program only: its arguments may hold
-        secrets), for how long,
-        and the memory charged to its lane now against the task's cap (0: no cap)."""
+        secrets), for how long, and the memory charged to its lane now against the task's
+        cap (0: no cap); and per queue the tasks that succeeded and failed since start."""
         now, slots = time.monotonic(), []
         for lane, run, used in self.pool.usage():
             slot: dict[str, Any] = {"slot": lane.index, "memory": used, "task": None}
@@ -330,7 +333,8 @@ class Supervisor:
                             queue=m.queue, seconds=round(now - run.started, 1),
                             limit=lane.slot.memory_limit)
             slots.append(slot)
-        return {"limiter": self.limiter.kind, "slots": slots}
+        finished = {queue: list(counts) for queue, counts in dict(self.finished).items()}
+        return {"limiter": self.limiter.kind, "slots": slots, "finished": finished}
 
     def _limits(self, m: Message) -> tuple[int, float, float]:
         """Memory cap, hard and soft time limits: the message's, else the task's, else ours."""
@@ -391,6 +395,10 @@ class Supervisor:
         retry_in = action.delay if action.verb == "retry" else 0.0
         kind = {"killed": "failed", "lost": "failed", "retry_requested": "failed"}.get(
             outcome.kind, outcome.kind)
+        if kind != "interrupted":   # requeued at shutdown: it did not finish
+            done, failed = self.finished.get(queue, (0, 0))
+            ok = kind == "succeeded"
+            self.finished[queue] = (done + ok, failed + (not ok))
         where: dict[str, Any] = {"pid": run.runner.pid, "log": tuple(run.runner.tail)} \
             if run.runner is not None else {}
         self._tell(kind, m, queue, duration, result=outcome.result, error=dict(outcome.error),

@@ -569,8 +569,10 @@ CREATE TABLE conveyor_scalings (
 );
 
 -- name: insert_queue_sample
-INSERT INTO conveyor_queue_samples (at, queue, ready, in_flight, delayed, dead)
-VALUES (%(at)s, %(queue)s, %(ready)s, %(in_flight)s, %(delayed)s, %(dead)s)
+INSERT INTO conveyor_queue_samples (at, queue, ready, in_flight, delayed, dead, succeeded,
+                                    failed)
+VALUES (%(at)s, %(queue)s, %(ready)s, %(in_flight)s, %(delayed)s, %(dead)s, %(succeeded)s,
+        %(failed)s)
 ON CONFLICT (at, queue) DO NOTHING;
 
 -- name: forget_queue_samples
@@ -578,16 +580,6 @@ DELETE FROM conveyor_queue_samples WHERE at < %(before)s;
 
 -- name: queue_samples
 SELECT * FROM conveyor_queue_samples WHERE at >= %(since)s ORDER BY queue, at;
-
--- name: outcomes_per_minute
--- Attempts that ended since :since, per queue and minute: succeeded, and failed in any way
--- (failed, OOM-killed, timed out, dead-lettered), whether or not a retry follows.
-SELECT t.queue, FLOOR(a.ended_at / 60) * 60 AS minute,
-       SUM(CASE WHEN a.outcome = 'succeeded' THEN 1 ELSE 0 END) AS succeeded,
-       SUM(CASE WHEN a.outcome = 'succeeded' THEN 0 ELSE 1 END) AS failed
-  FROM conveyor_attempts a JOIN conveyor_task_instances t ON t.ti_id = a.ti_id
- WHERE a.ended_at >= %(since)s
- GROUP BY t.queue, minute ORDER BY t.queue, minute;
 
 -- name: upsert_scaler
 INSERT INTO conveyor_scalers (target, kind, queues, replicas, desired, min_replicas,
@@ -621,3 +613,12 @@ SELECT * FROM conveyor_scalings ORDER BY at DESC, target LIMIT %(limit)s;
 -- An attempt's last lines of output (JSON list), sent by the worker with its outcome: the
 -- dashboard shows them with the attempt.
 ALTER TABLE conveyor_attempts ADD COLUMN log TEXT;
+
+-- name: migration_0010
+-- Tasks finished in each sampling period, per queue: what registered workers reported on
+-- their heartbeats since the previous sample (NULL: not known for that period). They count
+-- every task a worker runs, DAG tasks and messages published straight to a broker alike, so
+-- they replace counting the scheduler's attempts (and the index that served it).
+ALTER TABLE conveyor_queue_samples ADD COLUMN succeeded INTEGER;
+ALTER TABLE conveyor_queue_samples ADD COLUMN failed INTEGER;
+DROP INDEX conveyor_attempts_ended;

@@ -52,8 +52,9 @@ def queues_page(ui: Dashboard, request: Request) -> Response:
             "<code>--queue-sample-interval</code> seconds (15 by default) while it runs.</p>")
     body = (f"<h1>Queues</h1>{rows}"
             f'<p class="count">Depth now, read from the broker. Finished, failed and the '
-            f"charts: the last {minutes} minutes; finished counts the tasks the scheduler "
-            f"runs (DAG tasks and <code>submit</code>), as their outcomes are applied.</p>"
+            f"charts: the last {minutes} minutes, as the scheduler sampled them; finished "
+            f"counts what registered workers reported (every task they ran; a retry "
+            f"counts again).</p>"
             f"{note}{_legend()}{charts}")
     return ui.page(request, "Queues", body, active="/queues",
                    poll=url("/api/queues", minutes=request.arg("minutes")))
