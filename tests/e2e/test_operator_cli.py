@@ -230,6 +230,7 @@ def test_list_shows_whole_reasons_wrapped_to_the_terminal_or_wide(
               "invoice 2026-11-23/7731 because its currency field was empty') on its last "
               "attempt of 4, ends-here-" + unique)
     dead_letter(broker_url, queue, ["billing.send_invoice"], reason)
+    monkeypatch.delenv("COLUMNS", raising=False)  # a pipe: set by some shells and runners
     code, out, _ = run(capsys, "dead-letters", "list", *flags)
     assert code == 0 and reason in out.splitlines()[1], "into a pipe: one line per dead letter"
     for columns in (160, 100, 60):   # wrapped in its column; under the row when narrow
