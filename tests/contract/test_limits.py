@@ -198,3 +198,22 @@ def test_concurrent_admissions_never_exceed_the_limit(
     for thread in limiters:
         thread.join()
     assert len(granted) == 3
+
+
+def test_the_broker_s_own_url_opens_its_limiter(tmp_path: Path, unique: str) -> None:
+    """The default: limits beside the broker, whose URL carries options of its own."""
+    from conveyor.limits import url_for
+    urls = {"sqlite": f"sqlite:///{tmp_path}/broker.db",
+            "redis": f"{REDIS_URL}?prefix={unique}&retry_seconds=5&reconnect_timeout=5",
+            "postgres": f"{POSTGRES_URL}?schema={unique}&ack_commit=async&retry_seconds=5"}
+    for backend, broker_url in urls.items():
+        if BACKENDS[backend][0]:
+            require_service(str(BACKENDS[backend][0]))
+        limiter = from_url(url_for(broker_url, ""))
+        try:
+            assert limiter.admit(parcel(1), [c()], T0, LEASE).granted
+        finally:
+            limiter.close()
+            clean_transport(backend, unique)
+    assert url_for("amqp://guest:guest@h/%2F", "postgresql://h/db") == "postgresql://h/db"
+    assert url_for("amqp://h/", "", "redis://r/0") == "redis://r/0"

@@ -30,7 +30,8 @@ def parse_url(url: str) -> tuple[str, str]:
     if not prefix or any(c.isspace() for c in prefix):
         raise ConfigError(f"limits URL {redact(url)!r}: prefix={prefix!r} must be a "
                           "non-empty word")
-    rest = [(k, v) for k, v in query if k not in ("prefix", "retry_seconds")]
+    rest = [(k, v) for k, v in query
+            if k not in ("prefix", "retry_seconds", "reconnect_timeout")]
     return urlunsplit(parts._replace(query=urlencode(rest))), prefix
 
 

@@ -274,7 +274,7 @@ def parse_postgres_url(url: str) -> tuple[dict[str, Any], str, bool]:
     commit = dict(query).get("commit", "sync")
     if commit not in ("sync", "async"):
         raise ConfigError(f"limits URL {redact(url)!r}: commit={commit!r} must be sync or async")
-    ours = ("schema", "ack_commit", "retry_seconds", "reconnect_seconds", "commit")
+    ours = ("schema", "ack_commit", "retry_seconds", "reconnect_timeout", "commit")
     rest = [(k, v) for k, v in query if k not in ours]
     params = conninfo_to_dict(urlunsplit(parts._replace(query=urlencode(rest))))
     params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
