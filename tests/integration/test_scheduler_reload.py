@@ -109,7 +109,7 @@ def test_a_running_scheduler_follows_its_dag_files(
 
     # a file that starts failing: the last good version stays scheduled, the error is shown
     flow.write_text("from conveyor.scheduler import DAG\n\nraise RuntimeError('half-saved')\n")
-    wait_for(lambda: logged(setup, "DAG flow (flow.py): the file no longer loads; version "
+    wait_for(lambda: logged(setup, "DAG flow (flow.py:3): the file no longer loads; version "
                                    f"{new_version} stays scheduled"), detail=tail)
     assert "RuntimeError: half-saved" in tail()
     before = len(runs(setup, "flow"))

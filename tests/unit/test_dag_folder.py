@@ -60,7 +60,7 @@ def test_a_file_that_starts_failing_keeps_its_last_good_version(tmp_path: Path) 
     [change] = folder.refresh()
     assert folder.dags["a"] is good
     assert change.error and str(change).startswith(
-        f"DAG a (a.py): the file no longer loads; version {good.version} stays scheduled")
+        f"DAG a (a.py:2): the file no longer loads; version {good.version} stays scheduled")
     [error] = folder.errors
     assert error.location is not None and error.location.line == 2
     assert "ValueError: x" in str(error)

@@ -38,7 +38,7 @@ class Change:
     version, or (with `error`) a file that failed to load while `old` stays scheduled."""
 
     dag_id: str
-    file: str             # relative to the DAGs folder
+    file: str             # relative to the DAGs folder (and the line of an error)
     old: str = ""
     new: str = ""
     error: str = ""
@@ -173,9 +173,10 @@ class DagFolder:
             error = exc if isinstance(exc, DagError) else DagError(
                 Location(str(path), 1), f"cannot read the DAG file: {exc}")
             self._files[path] = _File(stamp, before.dag_ids, [error])
-            kept = [Change(d, self._name(path), old=self.dags[d].version, error=error.reason)
+            where = self._name(path) + (f":{error.location.line}" if error.location else "")
+            kept = [Change(d, where, old=self.dags[d].version, error=error.reason)
                     for d in before.dag_ids]
-            return kept or [Change("", self._name(path), error=error.reason)]
+            return kept or [Change("", where, error=error.reason)]
         now = _File(stamp)
         changes: list[Change] = []
         for dag in dags:
