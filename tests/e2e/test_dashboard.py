@@ -7,6 +7,7 @@ under the test's temp dir (screenshots/)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -19,10 +20,12 @@ from playwright.sync_api import expect
 
 from conveyor.broker import from_url
 from conveyor.message import Codec, Message
+from conveyor.scheduler import operations
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import build
 from conveyor.scheduler.examples import revenue
 from conveyor.scheduler.runs import trigger
+from conveyor.state import store as stores
 from tests.conftest import POSTGRES_URL, drop_postgres_schema, require_service
 from tests.e2e.conftest import UiStarter
 from tests.e2e.test_operator_cli import dead_letter_bodies
@@ -203,3 +206,24 @@ def test_a_dag_is_paused_unpaused_and_triggered_from_the_page(
     assert "queued" in page.inner_text("h1")
     assert '{"day": "2026-11-23"}' in page.inner_text("dl.facts")
     assert page.locator("svg.dag a.node.st-pending").count() == len(REVENUE_TASKS)
+
+
+def test_an_open_run_page_follows_the_run_without_reloading(
+        tmp_path: Path, conveyor_ui: UiStarter, browser_page: Any) -> None:
+    state = f"sqlite:///{tmp_path}/s.db"
+    store = stores.from_url(state)
+    try:
+        dag = revenue.build(ledger=str(tmp_path / "ledger"))
+        run_id = trigger(store, dag, time.time(), executors=["queue"])
+        address = conveyor_ui("--broker", f"sqlite:///{tmp_path}/broker.db", "--state", state)
+        page = browser_page
+        page.goto(address + f"runs/{run_id}")
+        node = page.locator('svg.dag a.node[data-task="extract_orders"]')
+        expect(node).to_have_class(re.compile("st-pending"))
+        page.evaluate("window.sameDocument = true")
+        operations.mark(store, run_id, "extract_orders", "success", time.time())
+        expect(node).to_have_class(re.compile("st-success"), timeout=15_000)
+        expect(page.locator("#live")).to_be_visible()
+        assert page.evaluate("window.sameDocument") is True   # refreshed in place, no reload
+    finally:
+        store.close()

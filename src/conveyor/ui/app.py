@@ -158,6 +158,8 @@ class Dashboard:
     def _dispatch(self, request: Request) -> Response:
         if request.method == "GET" and request.path.startswith("/static/"):
             return _static(request.path.removeprefix("/static/"))
+        if request.path == "/favicon.ico":   # browsers ask; there is none (and no 404 noise)
+            return Response(204, content_type="image/x-icon")
         route, params = self.router.match(request.method, request.path)
         request.params = params
         if route.action:

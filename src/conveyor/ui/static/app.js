@@ -1,8 +1,9 @@
 // Conveyor dashboard: live refresh and actions. No framework, no build step.
 //
 // Live: <main data-poll="/api/..."> names the JSON endpoint behind the page. While the tab is
-// visible, this polls it; when the JSON changes, it fetches the page's content again
-// (?partial=1) and swaps it in: no reload, and nothing is polled while nobody looks.
+// visible, this polls it; when the JSON changes (and once after the first answer), it
+// fetches the page's content again (?partial=1) and swaps it in: no reload, and nothing is
+// polled while nobody looks.
 // Actions: <form class="action"> POSTs to an action endpoint with the operator's token (kept
 // in this tab's session storage, sent in the X-Conveyor-Token header, never in a cookie).
 "use strict";
@@ -45,7 +46,9 @@ async function poll() {
     const text = await res.text();
     const busy = main.contains(document.activeElement) &&
       ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
-    if (lastJson !== null && text !== lastJson && !busy) await refresh();
+    // The first answer may already be newer than the page the server rendered: refresh
+    // once then, so no change made between the render and the first poll is missed.
+    if (text !== lastJson && !busy) await refresh();
     if (!busy) lastJson = text;
     document.getElementById("live").hidden = false;
   } catch (err) {
