@@ -7,9 +7,11 @@ Data: 980 runs of a 5-task DAG and 20 runs of a 200-task DAG (10 layers of 20, e
 with two parents in the layer before: 360 edges), task instances in mixed states, in a
 fresh state store (SQLite in a temp dir unless --state). `conveyor ui` serves it.
 
-Per page: the server's time (an HTTP GET to the last byte, from this process) and the
-browser's (headless Debian Chromium via Playwright: navigation to the `load` event, CSS and
-script included). The pages: the run list with all 1,000 runs; one run of the 200-task DAG
+Per page: the server's time (an HTTP GET to the last byte, from this process), the
+browser's (headless Debian Chromium via Playwright, one open tab: navigation to the `load`
+event, CSS and script included), and the CPU that navigation used in `conveyor ui` and every
+Chromium process together (from /proc: what a busy machine does not stretch). The pages:
+the run list with all 1,000 runs; one run of the 200-task DAG
 (its SVG graph and the 20 runs x 200 tasks grid: 4,000 cells); one of its task instances.
 The issue's target: under 1 s each, server and browser together.
 
@@ -109,6 +111,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def chromium_cpu() -> dict[int, float]:
+    """CPU seconds so far of every Chromium process (browser, renderers, GPU, utility)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if "(chrom" in stat.split(")", 1)[0]:
+                fields = stat.rsplit(")", 1)[1].split()
+                found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / TICK
+    return found
+
+
+def used(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--state", default="", help="state store URL (default: temp SQLite)")
@@ -130,35 +151,44 @@ def main() -> int:
                  "one task instance": f"runs/{big_run}/tasks/l05_task_10"}
         try:
             print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-            print(f"{'page':26} {'bytes':>8} {'server ms':>10} {'load ms':>8}")
+            print(f"{'page':26} {'bytes':>8} {'server ms':>10} {'load ms':>8} {'CPU ms':>7}")
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM)
-                worst = 0.0
+                page = browser.new_page(viewport={"width": 1400, "height": 900})
+                worst = worst_cpu = 0.0
                 for name, path in pages.items():
                     server = [server_time(address + path) for _ in range(args.tries)]
-                    loads = []
-                    for _ in range(args.tries):   # a fresh page each time, as a new visit
-                        page = browser.new_page(viewport={"width": 1400, "height": 900})
+                    loads, cpu = [], []
+                    for _ in range(args.tries):   # an open tab, as an operator clicks on
+                        page.goto("about:blank")
+                        before, server_before = chromium_cpu(), cpu_seconds(proc.pid)
                         started = time.perf_counter()
                         page.goto(address + path, wait_until="load")
                         loads.append(time.perf_counter() - started)
-                        page.close()
+                        cpu.append(used(before, chromium_cpu())
+                                   + cpu_seconds(proc.pid) - server_before)
                     s_ms = statistics.median(t for t, _ in server) * 1000
                     b_ms = statistics.median(loads) * 1000
                     worst = max(worst, b_ms)
-                    print(f"{name:26} {server[0][1]:>8,} {s_ms:>10.0f} {b_ms:>8.0f}")
+                    c_ms = statistics.median(cpu) * 1000
+                    worst_cpu = max(worst_cpu, c_ms)
+                    print(f"{name:26} {server[0][1]:>8,} {s_ms:>10.0f} {b_ms:>8.0f} "
+                          f"{c_ms:>7.0f}")
                 browser.close()
-            print(f"(medians of {args.tries} tries. load ms: a new page's navigation to the "
-                  "`load` event in Chromium, the server's time, CSS and script included)")
+            print(f"(medians of {args.tries} tries. load ms: a navigation to the "
+                  "`load` event in Chromium, the server's time, CSS and script included. CPU "
+                  "ms: the CPU that load used, `conveyor ui` and every Chromium process "
+                  "together: what a busy machine cannot stretch)")
             print(f"load average after: {os.getloadavg()[0]:.1f}")
             before = cpu_seconds(proc.pid)
             time.sleep(args.idle)
             idle = cpu_seconds(proc.pid) - before
             print(f"idle: {idle * 1000:.0f} ms CPU in {args.idle:g} s with no page open "
                   f"({idle / args.idle * 100:.2f}% of one core)")
-            print(f"target < 1000 ms per page: {'met' if worst < 1000 else 'MISSED'} "
-                  f"(slowest {worst:.0f} ms; a load average above the core count stretches "
-                  "every figure)")
+            print(f"target < 1000 ms per page: {'met' if worst < 1000 else 'MISSED'} in wall "
+                  f"time (slowest {worst:.0f} ms; a load average above the core count "
+                  f"stretches it), {'met' if worst_cpu < 1000 else 'MISSED'} in CPU time "
+                  f"(most {worst_cpu:.0f} ms)")
         finally:
             proc.terminate()
             proc.wait(10)
