@@ -107,6 +107,12 @@ def autoscaler_page(page: Any, address: str) -> None:
     page.shot("autoscaler")
 
 
+def _at_least(value: str | None, low: float) -> float:
+    """`value` as a number if it is at least `low`, else 0 (not yet)."""
+    number = float(value or 0)
+    return number if number >= low else 0.0
+
+
 def workers_page(page: Any, address: str, broker_url: str) -> None:
     page.goto(address + "workers")
     stale = page.locator("table.workers tbody tr", has_text="crashed-box")
@@ -116,9 +122,12 @@ def workers_page(page: Any, address: str, broker_url: str) -> None:
     with brokers.from_url(broker_url) as broker:   # the page is open: it must update itself
         Client(broker).enqueue(Message(queue="default", command=(sys.executable, "-c", HOLD),
                                        memory_limit=256 * MiB))
-    meter = page.wait_for_selector("table.workers ul.runners meter", timeout=30_000)
-    held = float(meter.get_attribute("value"))
-    assert 64 * MiB <= held < 256 * MiB and float(meter.get_attribute("max")) == 256 * MiB
+    meter = page.locator("table.workers ul.runners meter").first
+    meter.wait_for(timeout=30_000)
+    # the first heartbeat may catch the task still allocating: the page follows it up
+    held = wait_for(lambda: _at_least(meter.get_attribute("value"), 64 * MiB), 30,
+                    "the runner's memory to reach 64 MiB on the page")
+    assert held < 256 * MiB and float(meter.get_attribute("max") or 0) == 256 * MiB
     assert "of 256 MiB" in page.locator("table.workers ul.runners").first.inner_text()
     page.shot("workers")
     wait_for(lambda: page.locator("table.workers ul.runners meter").count() == 0, 40,

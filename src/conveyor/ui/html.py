@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from conveyor.scheduler.runs import iso
 
 #: Bumped when app.js or app.css change, so a browser never runs an old script.
-ASSET_VERSION = "4"
+ASSET_VERSION = "5"
 
 
 def e(value: Any) -> str:

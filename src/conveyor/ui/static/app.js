@@ -27,13 +27,27 @@ function partialUrl() {
   return u.toString();
 }
 
-async function refresh() {
+// Someone is typing in the content (a conf, a filter): swapping it now would lose that.
+function typing(main) {
+  const active = document.activeElement;
+  if (main.contains(active) && ["INPUT", "SELECT", "TEXTAREA"].includes(active.tagName)) {
+    return true;
+  }
+  return [...main.querySelectorAll("input:not([type=hidden]), textarea")]
+    .some((field) => field.value !== field.defaultValue);
+}
+
+// Fetch the content again and swap it in; a live refresh (not `force`) gives way to typing,
+// checked again once the content has arrived. Returns whether it swapped.
+async function refresh(force) {
   const main = document.getElementById("content");
   const res = await fetch(partialUrl(), {cache: "no-store"});
-  if (res.ok) {
-    main.innerHTML = await res.text();
-    document.dispatchEvent(new Event("conveyor:refreshed"));
-  }
+  if (!res.ok) return false;
+  const html = await res.text();
+  if (!force && typing(main)) return false;
+  main.innerHTML = html;
+  document.dispatchEvent(new Event("conveyor:refreshed"));
+  return true;
 }
 
 async function poll() {
@@ -44,12 +58,10 @@ async function poll() {
   try {
     const res = await fetch(api, {cache: "no-store"});
     const text = await res.text();
-    const busy = main.contains(document.activeElement) &&
-      ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
     // The first answer may already be newer than the page the server rendered: refresh
     // once then, so no change made between the render and the first poll is missed.
-    if (text !== lastJson && !busy) await refresh();
-    if (!busy) lastJson = text;
+    // While someone types, nothing is swapped and the next poll tries again.
+    if (text !== lastJson && !typing(main) && await refresh(false)) lastJson = text;
     document.getElementById("live").hidden = false;
   } catch (err) {
     document.getElementById("live").hidden = true;
@@ -76,7 +88,7 @@ async function act(form) {
   flash(res.ok ? (doc.message || "done") : (doc.error || "refused"), res.ok);
   if (res.ok) {
     if (doc.location) { window.location.href = doc.location; return; }
-    await refresh();
+    await refresh(true);
   }
 }
 
