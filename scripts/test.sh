@@ -40,4 +40,7 @@ fi
 
 "$VENV/bin/ruff" check -q src tests benchmarks
 "$VENV/bin/mypy" src
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+# Two test processes: most tests wait on brokers and child processes, not on the CPU.
+# CONVEYOR_TEST_WORKERS=0 runs them in this one process.
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+  -n "${CONVEYOR_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -29,6 +29,9 @@ from pathlib import Path
 
 import pytest
 
+# The blocks run in order in one scratch project: one xdist worker takes them all.
+pytestmark = pytest.mark.xdist_group("readme")
+
 README = Path(__file__).parents[2] / "README.md"
 BIN = Path(sys.executable).parent
 LANGUAGES = {"python": "python", "py": "python", "python3": "python", "sh": "shell",
