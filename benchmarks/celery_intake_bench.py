@@ -31,6 +31,10 @@ separate runs (each ratio is from one run):
 | RabbitMQ, fresh runner per task | 475/s, 362/s | (crash in pool.release), 46/s | -, 0.13 |
 | RabbitMQ, --max-tasks-per-child=100 | 475/s, 362/s | 193/s, 187/s | 0.41, 0.52 |
 
+After the worker's RabbitMQ read-ahead (one delivery beyond its slots, acks sent at once),
+1,000 tasks, two runs, load average 9-12: RabbitMQ reuse 0.87, 0.87 (Celery 99/s, 103/s;
+intake 86/s, 89/s); RabbitMQ fresh runner per task 0.16, 0.19.
+
 What the intake itself costs, `--native` (RabbitMQ, one run): intake 38/s and 230/s, native
 Conveyor (its own producer and worker, same broker) 37/s and 244/s, Celery 366/s; intake ÷
 native 1.03 (fresh runner) and 0.94 (reuse). The rest of the gap to Celery is the worker's.
