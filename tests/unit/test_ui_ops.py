@@ -21,6 +21,7 @@ from conveyor.scheduler.sampler import period_start, sample
 from conveyor.state.store import Store
 from conveyor.ui.charts import depth_chart, finished_chart, nice_top
 from conveyor.worker.registry import Registry
+from tests.support import first
 
 T0 = 1_700_000_000.0
 
@@ -122,10 +123,14 @@ def test_the_pages_and_their_api_in_process(store: Store, tmp_path: Path) -> Non
     from conveyor.ui.http import Request
 
     broker_url = f"sqlite:///{tmp_path}/ui-broker.db"
-    ui = dashboard(broker_url, url_of(store), str(tmp_path), "queue")
+    ui = dashboard(broker_url, url_of(store), str(tmp_path), "queue", ("sick",))  # as -Q sick
     with brokers.from_url(broker_url) as broker:
         broker.publish("work", b"{}")
         sample(store, broker, ["work"], time.time() - 30, 15.0)
+        broker.publish("sick", b"{}")
+        delivery = first(broker, ["sick"])
+        assert delivery is not None
+        broker.dead_letter(delivery, "unknown task")
 
     def get(path: str, status: int = 200, **query: str) -> bytes:
         response = ui.handle(Request("GET", path, query=query))
@@ -145,7 +150,9 @@ def check_pages(get: Callable[..., bytes]) -> None:
     doc = json.loads(first)
     assert [q["ready"] for q in doc["queues"] if q["queue"] == "work"] == [1]
     assert doc["window"] == 3600 and len(doc["depth"]["work"]) == 1
-    assert b'<svg class="chart depth"' in get("/queues")
+    page = get("/queues")
+    assert b'<svg class="chart depth"' in page
+    assert b'<a class="warn" href="/dead-letters?queue=sick">1</a>' in page
     assert json.loads(get("/api/workers")) == {"workers": []}
     assert json.loads(get("/api/autoscaler")) == {"targets": [], "decisions": []}
     assert b"no autoscaler has reported" in get("/autoscaler")

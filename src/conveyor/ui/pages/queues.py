@@ -64,7 +64,8 @@ def _row(q: dict[str, Any]) -> list[str]:
     rate = q["failure_rate"]
     return [f'<a href="#q-{e(q["queue"])}">{e(q["queue"])}</a>', e(q["ready"]),
             e(q["in_flight"]), e(q["delayed"]),
-            f'<span class="{"warn" if q["dead"] else ""}">{e(q["dead"])}</span>',
+            (f'<a class="warn" href="{url("/dead-letters", queue=q["queue"])}">'
+             f'{e(q["dead"])}</a>' if q["dead"] else "0"),
             e(f'{q["per_minute"]:g}'), e(q["failed"]),
             "" if rate is None else f'<span class="{"warn" if rate else ""}">'
                                     f"{e(f'{rate:.1%}')}</span>"]
