@@ -72,10 +72,11 @@ def sample(store: Store, broker: Broker, queues: Sequence[str], now: float,
     at = period_start(now, interval)
     with store.transaction():
         for queue, d in depths.items():
-            done = (finished or {}).get(queue, (0, 0)) if finished is not None else None
+            done: tuple[int | None, int | None] = (None, None) if finished is None else \
+                finished.get(queue, (0, 0))
             store.exec("insert_queue_sample", at=at, queue=queue, ready=d.ready,
                        in_flight=d.in_flight, delayed=d.delayed, dead=d.dead,
-                       succeeded=done[0] if done else None, failed=done[1] if done else None)
+                       succeeded=done[0], failed=done[1])
         store.exec("forget_queue_samples", before=now - RETENTION)
     return depths
 
