@@ -22,6 +22,7 @@ from conveyor.config import (
     Settings,
     env_flag,
     log_level,
+    non_negative_int,
     port,
     positive_int,
     positive_seconds,
@@ -84,6 +85,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     env_flag(p, "--max-tasks-per-child", env="CONVEYOR_MAX_TASKS_PER_CHILD", default=1,
              kind=positive_int, help="tasks a runner runs before it is replaced (1: fresh "
              "runner per task, the safe default)")
+    env_flag(p, "--read-ahead", env="CONVEYOR_READ_AHEAD", default=1, kind=non_negative_int,
+             help="deliveries a broker that pushes (RabbitMQ) may send beyond the free slots, "
+             "so the next task is here when a slot frees; each waits behind this worker's "
+             "running tasks while another worker may be idle: 0 for long tasks (Celery's -O "
+             "fair); the other brokers claim only for a free slot")
     env_flag(p, "--time-limit", env="CONVEYOR_TIME_LIMIT", default=0.0, kind=seconds,
              help="hard time limit in seconds: the runner is killed (0: none)")
     env_flag(p, "--soft-time-limit", env="CONVEYOR_SOFT_TIME_LIMIT", default=0.0, kind=seconds,
@@ -138,7 +144,8 @@ def run_worker(args: argparse.Namespace) -> int:
         queues=tuple(dict.fromkeys(args.queues + (intake.config.queues if intake else ()))),
         concurrency=args.concurrency, apps=args.app,
         memory_limit=args.memory_limit,
-        max_tasks_per_child=args.max_tasks_per_child, time_limit=args.time_limit,
+        max_tasks_per_child=args.max_tasks_per_child, read_ahead=args.read_ahead,
+        time_limit=args.time_limit,
         soft_time_limit=args.soft_time_limit, uid=uid, gid=gid,
         hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout, burst=args.burst, metrics_port=args.metrics_port,

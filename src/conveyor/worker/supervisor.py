@@ -62,6 +62,7 @@ class WorkerConfig:
     apps: tuple[str, ...] = ()
     memory_limit: int = 0
     max_tasks_per_child: int = 1
+    read_ahead: int = 1  # see Broker.consume(ahead=...): RabbitMQ only
     time_limit: float = 0.0
     soft_time_limit: float = 0.0
     soft_grace: float = 10.0
@@ -140,7 +141,8 @@ class Supervisor:
         log.info("worker %s consuming %s with %d slots; memory caps: %s", self.config.hostname,
                  ",".join(self.config.queues), self.config.concurrency, self.limiter.describe())
         steps = self.broker.consume(list(self.config.queues), prefetch=self.config.concurrency,
-                                    timeout=min(1.0, self.config.heartbeat_interval), ahead=1)
+                                    timeout=min(1.0, self.config.heartbeat_interval),
+                                    ahead=self.config.read_ahead)
         try:
             while True:
                 self.held.retry()
