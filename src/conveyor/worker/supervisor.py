@@ -1,7 +1,8 @@
 """The supervisor: the `conveyor worker` process.
 
 It holds at most `concurrency` deliveries (so a long task never keeps short ones waiting in a
-prefetch buffer), hands each to a runner forked ahead of need, watches the runner (reports,
+prefetch buffer; on RabbitMQ `--read-ahead` lets one more wait in the connection, handed out
+only when a slot frees), hands each to a runner forked ahead of need, watches the runner (reports,
 exit status, cgroup OOM counter, time limits), and settles the message only after the
 outcome event is published: ack, retry later with backoff, requeue, or dead-letter.
 
