@@ -28,6 +28,7 @@ from tests.integration.workerkit import (
     wait_event,
     worker_env,
 )
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -348,3 +349,22 @@ def _wait_gone(pid: int, timeout: float = 10) -> None:
         time.sleep(0.05)
     status = Path(f"/proc/{pid}/status").read_text()
     raise AssertionError(f"runner {pid} outlived its killed worker:\n{status[:600]}")
+
+
+def test_a_burst_of_stop_signals_stops_it_cold_never_hangs(broker: Broker, sqlite_url: str,
+                                                           q: str, tmp_path: Path) -> None:
+    """Signals arriving while an earlier one is being handled (a held-down Ctrl-C, a
+    supervisor sending SIGTERM twice): the handlers take no lock, so none waits for itself
+    (one that woke the broker from the handler once hung the worker for good)."""
+    marker = tmp_path / "started"
+    enqueue(broker, task_message("t.sleep", q, 60, str(marker)))
+    worker = start_worker(sqlite_url, q, "--drain-timeout=60", burst=False)
+    try:
+        wait_for(marker.exists, 60, "the task to start")
+        for _ in range(100):   # spaced: signals sent at once coalesce into one
+            worker.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+        out = finish(worker, 30)
+    finally:
+        stop(worker, signal.SIGKILL)
+    assert "cold shutdown" in out and worker.returncode is not None, out

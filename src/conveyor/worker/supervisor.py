@@ -129,6 +129,7 @@ class Supervisor:
         self._next_heartbeat = time.monotonic() + config.heartbeat_interval
         self._pool_changed = threading.Event()
         self._in_broker_wait = False
+        self._signal_pipe = -1  # written by the stop-signal handlers: see below
         self._consuming = False
         self.pool = Pool(list(config.apps), scrub_environment(os.environ), self._on_pool_change,
                          self.limiter, config.max_tasks_per_child, config.uid, config.gid,
@@ -206,6 +207,9 @@ class Supervisor:
                         "delivered again", len(self.held))
         self.pool.close()
         self.limiter.close()
+        if self._signal_pipe >= 0:   # ends the signal watcher; a later signal is ignored
+            pipe, self._signal_pipe = self._signal_pipe, -1
+            os.close(pipe)
         if self.gate is not None:
             self.gate.close()
         self.broker.close()
@@ -497,10 +501,37 @@ class Supervisor:
                 self._kill(run)
 
     def _install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
+        """A stop signal is only written to a pipe; a thread of its own acts on it.
 
-    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        A Python signal handler runs on the main thread between two bytecodes, possibly
+        inside a lock that thread holds (a `threading.Event` being set or cleared): a
+        handler that takes that lock again (`broker.wakeup()` does) waits for itself
+        forever, which a second Ctrl-C during the first one's handler did. Writing a byte
+        takes no lock; the watcher thread may take any."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        self._signal_pipe = write_end
+        threading.Thread(target=self._watch_signals, args=(read_end,), daemon=True,
+                         name="conveyor-signals").start()
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signal_pipe < 0:
+            return  # stopping already
+        try:
+            os.write(self._signal_pipe, bytes([signum]))
+        except BlockingIOError:
+            pass  # the pipe is full of stop signals: the watcher has enough to act on
+
+    def _watch_signals(self, read_end: int) -> None:
+        """Until `_stop` closes the write end (end of file)."""
+        with open(read_end, "rb", buffering=0) as pipe:
+            while signals := pipe.read(64):
+                for signum in signals:
+                    self._on_stop_signal(signum)
+
+    def _on_stop_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
         if self.draining_since is None:
             self.draining_since = time.monotonic()
@@ -508,11 +539,13 @@ class Supervisor:
                         "(send it again to stop at once)", name, len(self.running),
                         self.config.drain_timeout)
             self.broker.pause()
+            self._on_pool_change()
             return
         self.cold = True
         log.warning("%s again: cold shutdown: killing %d running tasks and requeueing them",
                     name, len(self.running))
         self.broker.wakeup()
+        self._on_pool_change()
 
     # -- events -----------------------------------------------------------------------------
 
