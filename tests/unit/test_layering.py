@@ -4,7 +4,8 @@ Layers, bottom to top (a module may import its own layer's base modules and any 
 below, never above; sibling packages of one layer stay apart):
 
     base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles, context,
-              flow, tracing (the core calls its hooks; only tracing.otel imports OpenTelemetry)
+              flow, tracing (the core calls its hooks; only tracing.otel imports OpenTelemetry),
+              signals
     carriers: broker, state, limits (flow control's store)
     results:  results (task results: Redis keys beside a broker, or a state-store table)
     client:   client (publishes through a broker, reads results)
@@ -28,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2] / "src" / "conveyor"
 LAYERS = [
     {"config", "errors", "message", "tasks", "retry", "logs", "events", "locations", "sqlfiles",
-     "context", "flow", "tracing"},
+     "context", "flow", "tracing", "signals"},
     {"broker", "state", "limits"},
     {"results"},
     {"client"},

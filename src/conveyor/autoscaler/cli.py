@@ -10,11 +10,11 @@ import argparse
 import logging
 import signal
 from dataclasses import replace
-from types import FrameType
 
 from conveyor.autoscaler import config as configs
 from conveyor.autoscaler import daemon as daemons
 from conveyor.config import env_flag, log_level, port, url
+from conveyor.signals import SignalThread
 
 log = logging.getLogger("conveyor.autoscaler")
 
@@ -49,16 +49,16 @@ def run_autoscaler(args: argparse.Namespace) -> int:
         config = replace(config, metrics_port=args.metrics_port)
     daemon, server = daemons.build(config)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:
         log.info("%s: stopping (local workers drain first)", signal.Signals(signum).name)
         daemon.stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals = SignalThread({signal.SIGTERM: on_signal, signal.SIGINT: on_signal})
     if server is not None:
         log.info("autoscaler: /metrics and /api/v1/queues/<queue> on port %d", server.port)
     try:
         return daemon.run()
     finally:
+        signals.close()
         if server is not None:
             server.close()

@@ -25,6 +25,7 @@ from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.config import RELOAD_INTERVAL, SchedulerConfig
 from conveyor.scheduler.folder import DagFolder, Loaded, load_folder
 from conveyor.scheduler.sampler import DEFAULT_INTERVAL
+from conveyor.signals import SignalThread
 from conveyor.state import store as stores
 
 log = logging.getLogger("conveyor.scheduler")
@@ -102,12 +103,13 @@ def run_scheduler(args: argparse.Namespace) -> int:
     daemon.watch(folder, config.dags_reload_interval)
     if args.metrics_port:
         serve_metrics(daemon, config, args.metrics_port, len(loaded.errors))
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: daemon.stop())
-    signal.signal(signal.SIGHUP, lambda *_: daemon.reload())
+    signals = SignalThread({signal.SIGTERM: lambda _: daemon.stop(),
+                            signal.SIGINT: lambda _: daemon.stop(),
+                            signal.SIGHUP: lambda _: daemon.reload()})
     try:
         daemon.run(burst=args.burst)
     finally:
+        signals.close()
         daemon.close()
     return 0
 

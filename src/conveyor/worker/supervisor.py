@@ -23,7 +23,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
-from types import FrameType
 from typing import Any
 
 from conveyor import tracing
@@ -33,6 +32,7 @@ from conveyor.events import Event
 from conveyor.flow import LIMITS_HEADER, Spec, limits_of
 from conveyor.limits import Limiter
 from conveyor.message import Codec, Message
+from conveyor.signals import SignalThread
 from conveyor.tasks import REGISTRY
 from conveyor.worker import cgroups
 from conveyor.worker.flow import Gate
@@ -129,7 +129,7 @@ class Supervisor:
         self._next_heartbeat = time.monotonic() + config.heartbeat_interval
         self._pool_changed = threading.Event()
         self._in_broker_wait = False
-        self._signal_pipe = -1  # written by the stop-signal handlers: see below
+        self._signals: SignalThread | None = None  # acts on SIGTERM/SIGINT: conveyor.signals
         self._consuming = False
         self.pool = Pool(list(config.apps), scrub_environment(os.environ), self._on_pool_change,
                          self.limiter, config.max_tasks_per_child, config.uid, config.gid,
@@ -139,7 +139,8 @@ class Supervisor:
 
     def run(self) -> int:
         """Consume until told to stop (or, with --burst, until the queues are empty)."""
-        self._install_signal_handlers()
+        self._signals = SignalThread({signal.SIGTERM: self._on_stop_signal,
+                                      signal.SIGINT: self._on_stop_signal})
         log.info("worker %s consuming %s with %d slots; memory caps: %s", self.config.hostname,
                  ",".join(self.config.queues), self.config.concurrency, self.limiter.describe())
         steps = self.broker.consume(list(self.config.queues), prefetch=self.config.concurrency,
@@ -207,9 +208,8 @@ class Supervisor:
                         "delivered again", len(self.held))
         self.pool.close()
         self.limiter.close()
-        if self._signal_pipe >= 0:   # ends the signal watcher; a later signal is ignored
-            pipe, self._signal_pipe = self._signal_pipe, -1
-            os.close(pipe)
+        if self._signals is not None:
+            self._signals.close()
         if self.gate is not None:
             self.gate.close()
         self.broker.close()
@@ -499,37 +499,6 @@ class Supervisor:
                 run.interrupted = True
                 log.warning("%s killed and requeued: %s", run.log_label, why)
                 self._kill(run)
-
-    def _install_signal_handlers(self) -> None:
-        """A stop signal is only written to a pipe; a thread of its own acts on it.
-
-        A Python signal handler runs on the main thread between two bytecodes, possibly
-        inside a lock that thread holds (a `threading.Event` being set or cleared): a
-        handler that takes that lock again (`broker.wakeup()` does) waits for itself
-        forever, which a second Ctrl-C during the first one's handler did. Writing a byte
-        takes no lock; the watcher thread may take any."""
-        read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        self._signal_pipe = write_end
-        threading.Thread(target=self._watch_signals, args=(read_end,), daemon=True,
-                         name="conveyor-signals").start()
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._signal_pipe < 0:
-            return  # stopping already
-        try:
-            os.write(self._signal_pipe, bytes([signum]))
-        except BlockingIOError:
-            pass  # the pipe is full of stop signals: the watcher has enough to act on
-
-    def _watch_signals(self, read_end: int) -> None:
-        """Until `_stop` closes the write end (end of file)."""
-        with open(read_end, "rb", buffering=0) as pipe:
-            while signals := pipe.read(64):
-                for signum in signals:
-                    self._on_stop_signal(signum)
 
     def _on_stop_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
