@@ -28,9 +28,10 @@ start_service rabbitmq 5672 sh -c 'ulimit -n 65536 2>/dev/null; exec rabbitmq-se
 up 5672 && { rabbitmq-plugins -q enable rabbitmq_management >/dev/null || echo "could not enable rabbitmq_management: RabbitMQ depth() will fail" >&2; }  # idempotent, online
 
 # The dashboard's browser tests drive Debian's Chromium (Playwright never downloads one).
+# Another apt-get (a second test run on the machine) holds the dpkg lock for a while: wait.
 if [ ! -x /usr/bin/chromium ]; then
   echo "installing chromium (the dashboard's browser tests drive it)"
-  { apt-get install -y -qq chromium || { apt-get update -qq && apt-get install -y -qq chromium; }; } \
+  { apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium || { apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq chromium; }; } \
     >/dev/null 2>&1 || true
   if [ ! -x /usr/bin/chromium ]; then
     echo "chromium could not be installed: the dashboard's browser tests will skip" >&2

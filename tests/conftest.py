@@ -12,6 +12,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,6 +82,18 @@ def drop_postgres_schema(name: str) -> None:
     from psycopg import sql
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def state_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Iterator[str]:
+    """A state store URL on each database: an SQLite file in the test's temp dir, and a
+    Postgres schema of the test's own (dropped afterwards)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/state.db"
+        return
+    require_service("postgres")
+    yield f"{POSTGRES_URL}?schema={unique}"
+    drop_postgres_schema(unique)
 
 
 def delete_redis_prefix(prefix: str) -> None:

@@ -38,16 +38,6 @@ REVENUE_TASKS = ("extract_orders", "extract_payments", "clean_orders", "clean_pa
                  "aggregate_revenue", "load_dashboard")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def state_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/state.db"
-        return
-    require_service("postgres")
-    yield f"{POSTGRES_URL}?schema={unique}"
-    drop_postgres_schema(unique)
-
-
 def revenue_run(state_url: str, broker_url: str, tmp_path: Path, queue: str) -> str:
     """The revenue DAG run for real: the scheduler daemon and a `conveyor worker`."""
     dag = revenue.build(ledger=str(tmp_path / "ledger"), seed=SEED_FAILS_TWICE, queue=queue)

@@ -5,14 +5,10 @@ dashboard's Queues and Workers pages draw), on SQLite and Postgres state stores.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from conveyor.state import store as stores
 from conveyor.worker.registry import WorkerRecord, workers
-from tests.conftest import POSTGRES_URL, drop_postgres_schema, require_service
 from tests.integration.workerkit import (
     enqueue,
     finish,
@@ -25,16 +21,6 @@ from tests.integration.workerkit import (
 from tests.support import wait_for
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def state_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/state.db"
-        return
-    require_service("postgres")
-    yield f"{POSTGRES_URL}?schema={unique}"
-    drop_postgres_schema(unique)
 
 
 def test_the_heartbeat_shows_a_runners_memory_against_its_cap(tmp_path: Path, unique: str,
