@@ -81,6 +81,32 @@ def test_parking_is_once_per_message(limiter: Limiter) -> None:
     assert {u.key: u.waiting for u in limiter.usage(T0)}["tenant:a"] == 1
 
 
+def test_park_many_parks_those_whose_key_is_full_and_grants_nothing(limiter: Limiter
+                                                                    ) -> None:
+    assert limiter.admit(parcel(0), [c(mx=1)], T0, LEASE).granted
+    items = [(parcel(1), [c(mx=1)]), (parcel(2), [c("tenant:b", mx=1)]),
+             (parcel(0), [c(mx=1)]),  # the holder itself: never parked behind its own token
+             (parcel(3), [c(mx=1), r()]), (parcel(4), [r()]), (parcel(5), [c(mx=1)])]
+    assert limiter.park_many(items, T0) == ["tenant:a", "", "", "tenant:a", "", "tenant:a"]
+    usage = {u.key: u for u in limiter.usage(T0)}
+    assert (usage["tenant:a"].in_use, usage["tenant:a"].waiting) == (1, 3)
+    assert (usage["tenant:b"].in_use, usage["tenant:b"].waiting) == (0, 0)
+    assert usage["tenant:a"].denied == 3
+    # left alone means untouched: m2 takes tenant:b's one token through admit, as usual
+    assert limiter.admit(parcel(2), [c("tenant:b", mx=1)], T0, LEASE).granted
+
+
+def test_a_batch_parked_twice_is_parked_once_in_its_first_order(limiter: Limiter) -> None:
+    """A worker killed between the park and the acks: the batch comes back and is parked
+    again; nothing is duplicated and the waiting order is the first one."""
+    assert limiter.admit(parcel(0), [c(mx=1)], T0, LEASE).granted
+    batch = [(parcel(i), [c(mx=1)]) for i in range(1, 6)]
+    assert limiter.park_many(batch, T0) == ["tenant:a"] * 5
+    assert limiter.park_many(batch[::-1], T0 + 1) == ["tenant:a"] * 5
+    assert {u.key: u.waiting for u in limiter.usage(T0)}["tenant:a"] == 5
+    assert limiter.release("m0", [c(mx=1)], T0 + 2, LEASE) == [parcel(1)]
+
+
 def test_release_hands_the_token_to_the_oldest_parked_message(limiter: Limiter) -> None:
     for i in range(4):
         limiter.admit(parcel(i), [c()], T0, LEASE)

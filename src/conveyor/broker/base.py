@@ -175,6 +175,24 @@ class Broker(abc.ABC):
             else:
                 step_timeout = yield None
 
+    def claim_more(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        """Take up to `limit` more deliveries now, beyond `prefetch`, without waiting.
+
+        For a worker whose limiter found a key full (worker/flow.py): the queue then likely
+        holds many more messages of that key, and parking them a batch at a time (one
+        limiter transaction) instead of one per claim is what lets another key's message
+        behind them start soon. They are held like `consume`'s deliveries: settle each.
+        Transports that cannot take several at once return what they can (perhaps none).
+        """
+        got: list[Delivery] = []
+        while len(got) < limit and not self._paused:
+            more = self._claim(queues, limit - len(got))
+            if not more:
+                break
+            got += more
+        self._held(len(got))
+        return got
+
     def renew_claimed(self, seconds: float | None = None) -> None:
         """Extend the leases of deliveries `consume` claimed and has not handed out yet.
 

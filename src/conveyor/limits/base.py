@@ -86,6 +86,19 @@ class Limiter(abc.ABC):
         """Take every limit of `specs` for `parcel.id`, or park it, or delay it."""
 
     @abc.abstractmethod
+    def park_many(self, items: Sequence[tuple[Parcel, Sequence[Spec]]],
+                  now: float) -> list[str]:
+        """Park each parcel whose concurrency key is full, all in one step; for each item
+        the key it was parked on, or "" if it was left alone (room, or it holds its token).
+
+        Why: a worker that finds a key full claims a batch of the queue and parks the
+        messages behind it in one store transaction instead of one per claim, so another
+        key's message behind a backlog of thousands is reached within milliseconds. Nothing
+        is granted here: those left alone go through `admit` as usual. Parking is once per
+        message id, as in `admit` (a batch redelivered after a crash parks nothing twice).
+        """
+
+    @abc.abstractmethod
     def release(self, holder: str, specs: Sequence[Spec], now: float,
                 lease: float) -> list[Parcel]:
         """Give back `holder`'s tokens; the parked messages they were handed to."""

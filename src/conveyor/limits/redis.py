@@ -55,6 +55,14 @@ class RedisLimiter(Limiter):
             str(parcel.priority), "1" if rate_reserved else "0", repr(RATE_SLACK))
         return Decision(verdict.decode(), key.decode(), float(delay))
 
+    def park_many(self, items: Sequence[tuple[Parcel, Sequence[Spec]]],
+                  now: float) -> list[str]:
+        if not items:
+            return []
+        args = [part for parcel, specs in items for part in (
+            encode(specs), parcel.id, parcel.queue, parcel.body, str(parcel.priority))]
+        return [k.decode() for k in self._call("park_many", now, 0.0, *args)]
+
     def release(self, holder: str, specs: Sequence[Spec], now: float,
                 lease: float) -> list[Parcel]:
         keys = [s.key for s in specs if s.kind == "c"]

@@ -84,6 +84,23 @@ class SqlLimiter(Limiter):
         tx.rows("unpark_drop", id=parcel.id)
         return Decision("run")
 
+    def park_many(self, items: Sequence[tuple[Parcel, Sequence[Spec]]],
+                  now: float) -> list[str]:
+        return self._do(lambda tx: self._park_many(tx, items, now)) if items else []
+
+    def _park_many(self, tx: Tx, items: Sequence[tuple[Parcel, Sequence[Spec]]],
+                   now: float) -> list[str]:
+        distinct = {s.key: s for _, specs in items for s in specs}  # one declare per key
+        rows = {key: tx.rows("declare", key=key, declared=json.dumps(s.wire()))[0]
+                for key, s in distinct.items()}
+        out = []
+        for parcel, specs in items:
+            full = self._full(tx, parcel.id, specs, rows, now)
+            if full is not None:
+                self._park(tx, parcel, full)
+            out.append(full.key if full is not None else "")
+        return out
+
     def _full(self, tx: Tx, holder: str, specs: Sequence[Spec], rows: dict[str, Any],
               now: float) -> Spec | None:
         """The first concurrency key with no room for `holder` (lapsed tokens ignored:
@@ -308,6 +325,7 @@ class PostgresLimiter(SqlLimiter):
             self._conn.execute(Q["schema_postgres"])
             self._conn.execute(Q["admit_function_postgres"])
             self._conn.execute(Q["release_function_postgres"])
+            self._conn.execute(Q["park_function_postgres"])
 
     def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
               rate_reserved: bool = False) -> Decision:
@@ -319,6 +337,19 @@ class PostgresLimiter(SqlLimiter):
              parcel.priority, now, lease, rate_reserved, RATE_SLACK)).fetchone()
         assert row is not None
         return Decision(row[0], row[1], float(row[2]))
+
+    def park_many(self, items: Sequence[tuple[Parcel, Sequence[Spec]]],
+                  now: float) -> list[str]:
+        """One round trip: `SqlLimiter._park_many` in a server-side function."""
+        if not items:
+            return []
+        rows = self._conn.execute(
+            "SELECT r_key FROM conveyor_limit_park_many(%s::jsonb[], %s::text[], %s::text[],"
+            " %s::bytea[], %s::integer[], %s)",
+            ([json.dumps([s.wire() for s in specs]) for _, specs in items],
+             [p.id for p, _ in items], [p.queue for p, _ in items],
+             [p.body for p, _ in items], [p.priority for p, _ in items], now)).fetchall()
+        return [r[0] for r in rows]
 
     def release(self, holder: str, specs: Sequence[Spec], now: float,
                 lease: float) -> list[Parcel]:

@@ -11,6 +11,13 @@ accepted, before it is handed to a runner:
 * delayed: its rate key has no token now; it is published again with the delay its
   reservation says, marked reserved so that it is not counted twice, and acked.
 
+A parked delivery says its key is full, so the queue likely holds more of that key behind
+it: `park_behind` claims the queue a batch at a time (`Broker.claim_more`), parks every
+message of a full key in one limiter call (`Limiter.park_many`, stored first) and acks them
+(second: a crash between the two redelivers them, and a message id is parked only once).
+It stops at the first batch holding something that may run: another key's message behind a
+backlog of thousands is reached in a few batches, not thousands of claims.
+
 A release hands the freed token to the oldest parked message of the key, which is published
 again (first) and then forgotten by the limiter (second): at-least-once, never loss. An idle
 worker sweeps now and then, so tokens of a worker killed with -9 return when their lease
@@ -25,11 +32,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from conveyor.broker import Broker, Delivery
+from conveyor.errors import LeaseLost
 from conveyor.flow import RATE_RESERVED_HEADER, Spec
 from conveyor.limits import Limiter, Parcel, Usage
 from conveyor.message import Codec, Message
 
 log = logging.getLogger("conveyor.worker")
+#: Deliveries claimed at once behind a full key: one limiter transaction parks them all.
+PARK_BATCH = 100
+#: How long one `park_behind` may go on before the supervisor looks at its runs again.
+PARK_SECONDS = 0.5
 
 
 class Gate:
@@ -52,14 +64,14 @@ class Gate:
             self.limiter = self._open()
         return self.limiter
 
-    def admit(self, delivery: Delivery, message: Message, specs: Sequence[Spec]) -> bool:
-        """Whether the delivery may run now; if not, it has been parked or delayed and acked."""
+    def admit(self, delivery: Delivery, message: Message, specs: Sequence[Spec]) -> str:
+        """"run" if the delivery may run now; else "parked" or "delayed", and it was acked."""
         parcel = Parcel(message.id, delivery.queue, delivery.body, delivery.priority)
         reserved = message.headers.get(RATE_RESERVED_HEADER) == str(message.attempt)
         decision = self._store().admit(parcel, specs, time.time(), self.lease,
                                        rate_reserved=reserved)
         if decision.granted:
-            return True
+            return decision.verdict
         if decision.verdict == "delayed":
             marked = replace(message, headers={**message.headers,
                                                RATE_RESERVED_HEADER: str(message.attempt)})
@@ -68,7 +80,47 @@ class Gate:
             log.debug("%s delayed %.3fs by its rate limit", message.id, decision.delay)
         self._on_denied(decision.key, decision.verdict)
         self.broker.ack_soon(delivery)  # kept or re-published first: the ack may ride along
-        return False
+        return decision.verdict
+
+    def park_behind(self, queues: Sequence[str],
+                    vet: Callable[[Delivery], tuple[Message, Sequence[Spec]] | None]
+                    ) -> list[Delivery]:
+        """Park the full keys' messages waiting on `queues`, a batch at a time (see the
+        module docstring); the deliveries left alone, in claim order, for the caller to
+        handle as usual. `vet` gives a delivery's message and limits, or None for one that
+        must not be parked here (unreadable, unlimited, over its delivery cap...)."""
+        left: list[Delivery] = []
+        deadline = time.monotonic() + PARK_SECONDS
+        while not left and time.monotonic() < deadline:
+            batch = self.broker.claim_more(queues, PARK_BATCH)
+            vetted = [(d, v) for d in batch if (v := vet(d)) is not None]
+            parked = self._park_many([(d, m, specs) for d, (m, specs) in vetted])
+            left = [d for d in batch if id(d) not in parked]
+            if len(batch) < PARK_BATCH:
+                break
+        return left
+
+    def _park_many(self, batch: Sequence[tuple[Delivery, Message, Sequence[Spec]]]
+                   ) -> set[int]:
+        """Park those of `batch` whose key is full, then ack them; their `id()`s."""
+        if not batch:
+            return set()
+        keys = self._store().park_many(
+            [(Parcel(m.id, d.queue, d.body, d.priority), specs) for d, m, specs in batch],
+            time.time())
+        parked = set()
+        for (delivery, message, _), key in zip(batch, keys, strict=True):
+            if not key:
+                continue
+            parked.add(id(delivery))
+            self._on_denied(key, "parked")
+            try:
+                self.broker.ack_soon(delivery)
+            except LeaseLost as exc:  # parked already: its redelivery is parked only once
+                log.warning("%s: %s", message.id, exc)
+        if parked:
+            log.debug("parked %d of %d claimed behind a full key", len(parked), len(batch))
+        return parked
 
     def release(self, holder: str, specs: Sequence[Spec]) -> None:
         """Give back `holder`'s tokens and move on the messages they were handed to."""

@@ -119,6 +119,9 @@ class Supervisor:
                          self.metrics.limits if self.metrics.wants_limits else None) \
             if limiter is not None else None
         self.pending: deque[Run] = deque()
+        #: deliveries a park batch claimed and left alone (worker/flow.py), handed to
+        #: `_accept` before the broker's next; never more than the slots free at the time
+        self.spare: deque[Delivery] = deque()
         self.held = HeldSettles(config.exit_after_outage)  # settles the broker could not take
         self.running: set[Run] = set()
         #: queue -> (succeeded, failed) tasks since start, for the heartbeat: replaced, never
@@ -166,11 +169,15 @@ class Supervisor:
         """Block where the next thing will come from: the broker if a slot is free, else the
         runner pool. Waking the broker costs a round trip on some transports, so a full
         worker never waits there."""
+        if self.draining_since is not None:
+            self._give_back_spare("the worker is draining")
         if len(self.running) + len(self.pending) >= self.config.concurrency \
                 or self.draining_since is not None:
             self._pool_changed.wait(timeout=min(1.0, self.config.heartbeat_interval))
             self._pool_changed.clear()
             return None
+        if self.spare:
+            return self.spare.popleft()
         self._in_broker_wait = True
         try:
             if not self._consuming:  # a generator's first step cannot take a value
@@ -188,7 +195,7 @@ class Supervisor:
             self.broker.wakeup()
 
     def _done(self, last: Delivery | None) -> bool:
-        if self.running or self.pending:
+        if self.running or self.pending or self.spare:
             return False
         if self.draining_since is not None:
             return True
@@ -200,6 +207,7 @@ class Supervisor:
             and (self.gate is None or self.gate.waiting() == 0)
 
     def _stop(self) -> None:
+        self._give_back_spare("the worker stopped")
         for run in list(self.pending):
             self._settle(run, Action("requeue", reason="worker stopped"), None)
             self._release(run)
@@ -260,7 +268,10 @@ class Supervisor:
                         message.id)
             return []
         try:
-            return specs if self.gate.admit(delivery, message, specs) else None
+            verdict = self.gate.admit(delivery, message, specs)
+            if verdict == "parked":
+                self._park_behind()
+            return specs if verdict == "run" else None
         except LeaseLost as exc:
             log.warning("%s: %s", message.id, exc)
             return None
@@ -270,6 +281,43 @@ class Supervisor:
             self.held.settle(f"giving back {message.id}",
                              lambda: self.broker.retry_later(delivery, 1.0))
             return None
+
+    def _park_behind(self) -> None:
+        """Its key is full: park what waits behind it in batches (worker/flow.py). Of the
+        deliveries left alone, keep as many as there are free slots for `_accept`; give the
+        rest back at once, so that an idle worker runs them instead of this one's queue."""
+        assert self.gate is not None
+        left = self.gate.park_behind(self.config.queues, self._parkable)
+        free = self.config.concurrency - len(self.running) - len(self.pending) - len(self.spare)
+        self.spare.extend(left[:max(free, 0)])
+        for delivery in left[max(free, 0):]:
+            self._give_back(delivery, "no free slot")
+
+    def _parkable(self, delivery: Delivery) -> tuple[Message, list[Spec]] | None:
+        """A delivery's message and limits if a park batch may park it; None for anything
+        `_accept` must see (unreadable, unlimited, over its cap, an unknown task)."""
+        try:
+            message = self.codec.decode(delivery.body)
+            specs = limits_of(message.headers)
+        except (MessageError, ValueError, KeyError, TypeError):
+            return None
+        if not specs or (message.task and message.task not in REGISTRY) or \
+                over_delivery_cap(delivery.delivery_count, self._budget(message)) is not None:
+            return None
+        return message, specs
+
+    def _give_back_spare(self, why: str) -> None:
+        while self.spare:
+            self._give_back(self.spare.popleft(), why)
+
+    def _give_back(self, delivery: Delivery, why: str) -> None:
+        """Return an unstarted delivery to its queue, ready at once."""
+        def op() -> None:
+            try:
+                self.broker.retry_later(delivery, 0.0)
+            except LeaseLost:
+                pass  # its lease lapsed: it is someone else's now
+        self.held.settle(f"giving back a message of {delivery.queue} ({why})", op)
 
     def _budget(self, message: Message) -> Budget:
         c = self.config
@@ -471,6 +519,13 @@ class Supervisor:
 
     def _heartbeat(self) -> None:
         self._renew_limits()
+        for delivery in list(self.spare):
+            try:
+                self.broker.extend_lease(delivery)
+            except LeaseLost:
+                self.spare.remove(delivery)  # someone else's now
+            except BrokerConnectionError:
+                break
         for run in [*self.running, *self.pending]:
             try:
                 self.broker.extend_lease(run.delivery)

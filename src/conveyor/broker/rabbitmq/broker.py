@@ -532,6 +532,26 @@ class RabbitMQBroker(Broker):
             return []
         return [] if delivery is None else [delivery]
 
+    def claim_more(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        """basic.get until `limit` or the queues are empty (one round trip each): RabbitMQ
+        pushes a consumer no more than its prefetch, and a get is not counted against it."""
+        got: list[Delivery] = []
+        try:
+            sub = self._live()
+            if sub is None or self._paused:
+                return []
+            for queue in queues:
+                while len(got) < limit:
+                    method, props, body = sub.channel.basic_get(queue)
+                    if method is None or props is None or body is None:
+                        break
+                    got.append(self._delivery(sub, queue, f"get {method.delivery_tag}",
+                                              method, props, body, pushed=False))
+        except CONNECTION_ERRORS as exc:
+            self._lose_connection("claiming a batch of deliveries", exc)
+        self._held(len(got))  # from a lost channel they raise LeaseLost when settled
+        return got
+
     def _pump(self) -> None:
         """Read whatever RabbitMQ has sent, without waiting."""
         self._io(0)

@@ -80,10 +80,8 @@ local function flatten(parcels)
   return flat
 end
 
-if op == 'admit' then
-  local specs = cjson.decode(ARGV[5])
-  local holder, queue, body, priority = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-  local reserved, slack = ARGV[10] == '1', tonumber(ARGV[11])
+-- declare `specs`; the first concurrency key with no room for `holder` and its weight
+local function full_of(specs, holder)
   local full, full_weight = nil, 1
   for _, s in ipairs(specs) do
     redis.call('SADD', P .. ':keys', s.key)
@@ -96,18 +94,46 @@ if op == 'admit' then
       end
     end
   end
+  return full, full_weight
+end
+
+-- put `holder` in the waiting area of `full` (once per id), holding nothing anywhere
+local function park(specs, holder, queue, body, priority, full, full_weight)
+  for _, s in ipairs(specs) do
+    if s.k == 'c' then drop(s.key, holder) end
+  end
+  redis.call('ZREM', P .. ':moving', holder)
+  if redis.call('ZSCORE', P .. ':park:' .. full, holder) == false then
+    redis.call('ZADD', P .. ':park:' .. full, redis.call('INCR', P .. ':seq'), holder)
+    redis.call('HSET', P .. ':pm', holder,
+               cjson.encode({q = queue, p = tonumber(priority), k = full, w = full_weight}))
+    redis.call('HSET', P .. ':pb', holder, body)
+  end
+  redis.call('HINCRBY', P .. ':denied', full, 1)
+end
+
+if op == 'park_many' then
+  -- ARGV[5..]: per message specs, holder, queue, body, priority; returns the key each was
+  -- parked on ('' where there was room)
+  local out = {}
+  for i = 5, #ARGV, 5 do
+    local specs, holder = cjson.decode(ARGV[i]), ARGV[i + 1]
+    local full, full_weight = full_of(specs, holder)
+    if full then
+      park(specs, holder, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], full, full_weight)
+    end
+    table.insert(out, full or '')
+  end
+  return out
+end
+
+if op == 'admit' then
+  local specs = cjson.decode(ARGV[5])
+  local holder, queue, body, priority = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+  local reserved, slack = ARGV[10] == '1', tonumber(ARGV[11])
+  local full, full_weight = full_of(specs, holder)
   if full then
-    for _, s in ipairs(specs) do
-      if s.k == 'c' then drop(s.key, holder) end
-    end
-    redis.call('ZREM', P .. ':moving', holder)
-    if redis.call('ZSCORE', P .. ':park:' .. full, holder) == false then
-      redis.call('ZADD', P .. ':park:' .. full, redis.call('INCR', P .. ':seq'), holder)
-      redis.call('HSET', P .. ':pm', holder,
-                 cjson.encode({q = queue, p = tonumber(priority), k = full, w = full_weight}))
-      redis.call('HSET', P .. ':pb', holder, body)
-    end
-    redis.call('HINCRBY', P .. ':denied', full, 1)
+    park(specs, holder, queue, body, priority, full, full_weight)
     return {'parked', full, '0'}
   end
   if not reserved then

@@ -266,3 +266,53 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- name: park_function_postgres
+-- `park_many` in one round trip: the steps of SqlLimiter._park_many, under the same lock.
+-- One row per message, in order: the key it was parked on, '' where there was room.
+CREATE OR REPLACE FUNCTION conveyor_limit_park_many(
+    p_specs jsonb[], p_holders text[], p_queues text[], p_bodies bytea[],
+    p_priorities integer[], p_now double precision)
+RETURNS TABLE (r_key text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    s jsonb;
+    in_use bigint;
+    holds integer;
+    lim integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('conveyor-limits:' || current_schema()));
+    FOR s IN SELECT DISTINCT ON (x.value->>'key') x.value
+               FROM unnest(p_specs) AS a(specs), jsonb_array_elements(a.specs) AS x LOOP
+        INSERT INTO conveyor_limit_keys (key, declared) VALUES (s->>'key', s::text)
+        ON CONFLICT (key) DO UPDATE SET declared = excluded.declared;
+    END LOOP;
+    FOR i IN 1 .. COALESCE(array_length(p_holders, 1), 0) LOOP
+        r_key := '';
+        FOR s IN SELECT value FROM jsonb_array_elements(p_specs[i])
+                  WHERE value->>'k' = 'c' LOOP
+            SELECT COALESCE(SUM(weight), 0),
+                   COALESCE(MAX(CASE WHEN holder = p_holders[i] THEN 1 ELSE 0 END), 0)
+              INTO in_use, holds
+              FROM conveyor_limit_tokens WHERE key = s->>'key' AND expires >= p_now;
+            SELECT COALESCE(max, (s->>'max')::integer) INTO lim
+              FROM conveyor_limit_keys WHERE key = s->>'key';
+            IF holds = 0 AND in_use + (s->>'w')::integer > lim THEN
+                r_key := s->>'key';
+                DELETE FROM conveyor_limit_tokens WHERE holder = p_holders[i];
+                INSERT INTO conveyor_limit_parked AS p (id, key, seq, queue, body, priority,
+                                                        weight)
+                VALUES (p_holders[i], r_key, nextval('conveyor_limit_seq'), p_queues[i],
+                        p_bodies[i], p_priorities[i], (s->>'w')::integer)
+                ON CONFLICT (id) DO UPDATE SET key = excluded.key, seq = excluded.seq,
+                                               moving_until = NULL
+                 WHERE p.moving_until IS NOT NULL OR p.key <> excluded.key;
+                UPDATE conveyor_limit_keys SET denied = denied + 1 WHERE key = r_key;
+                EXIT;
+            END IF;
+        END LOOP;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
