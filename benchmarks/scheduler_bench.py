@@ -2,21 +2,26 @@
 """Scheduler benchmark: hop latency, fan-out throughput, idle cost, store transitions/s.
 
 usage: python benchmarks/scheduler_bench.py [--brokers sqlite,redis,postgres,rabbitmq]
-           [--hops 200] [--fanout 100] [--idle 10] [--tasks 1000] [--json]
+           [--only hop,fanout,idle,transitions] [--hops 200] [--fanout 100] [--rounds 5]
+           [--state sqlite|postgres] [--worker-args=--max-tasks-per-child=100]
+           [--idle 10] [--tasks 1000] [--json]
 
 * hop: a chain DAG of `--hops` + 1 no-op tasks on a real `conveyor worker` (2 slots); for each
   edge, parent's success (the worker's `succeeded` event) -> child's start (its `started`
   event). Of that: the event reaching the scheduler (success -> child queued), and the
   scheduler's own handling of it (apply the transition, publish the children). p50 and p99.
-* fan-out: `--fanout` independent no-op tasks, one worker with 2 slots: tasks/s from the
-  first dispatch to the last success.
+* fan-out: a run of `--fanout` independent no-op tasks on one worker with 2 slots (fresh
+  runner per task unless `--worker-args` says otherwise): tasks/s from the run's creation to
+  its end as the scheduler records it, `--rounds` times on one long-lived scheduler; each
+  round first runs the same tasks enqueued straight to the worker, the figure the fan-out
+  would reach if the scheduler cost nothing. CPU per task of the scheduler and of the worker.
 * idle: `conveyor scheduler` with the example DAGs and nothing to do: CPU share over `--idle`
   seconds (utime + stime from /proc) and resident memory.
 * transitions: the engine alone (a recording executor, no broker) on SQLite and Postgres: a
   run of `--tasks` independent tasks, each queued -> running -> success; transitions/s.
 
-The state store is the embedded SQLite file unless stated. Queues are unique per run and
-purged afterwards; Postgres schemas are dropped.
+The state store is the embedded SQLite file unless `--state postgres` (fan-out only). Queues
+are unique per run and purged afterwards; Postgres schemas are dropped.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +47,7 @@ from conveyor.events import Event
 from conveyor.message import Message
 from conveyor.scheduler import DAG, examples
 from conveyor.scheduler.config import SchedulerConfig
-from conveyor.scheduler.daemon import build
+from conveyor.scheduler.daemon import Daemon, build
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
 from conveyor.state.store import from_url
@@ -56,6 +63,7 @@ URLS = {
     "postgres": POSTGRES + "?schema=sbench{tag}",
     "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F",
 }
+PARTS = ("hop", "fanout", "idle", "transitions")
 NOOP = "revenue.extract_orders"   # a registered no-op (no ledger): returns a number
 APP = "conveyor.scheduler.examples.revenue"
 
@@ -109,10 +117,7 @@ def run_on_workers(dag: DAG, broker: str, tmp: Path, tag: str, slots: int = 2,
         with brokers.from_url(url) as broker_:
             for q in (queue, events, f"control-{tag}"):
                 broker_.purge(q)
-        if broker == "postgres":
-            drop_schema(f"sbench{tag}")
-        if broker == "redis":
-            delete_redis_prefix(f"sbench{tag}")
+        cleanup(broker, tag)
 
 
 def bench_hops(broker: str, hops: int) -> dict[str, Any]:
@@ -138,54 +143,120 @@ def bench_hops(broker: str, hops: int) -> dict[str, Any]:
             "handling_p50_ms": percentile(spent, 0.5), "handling_p99_ms": percentile(spent, 0.99)}
 
 
-def bench_fanout(broker: str, n: int) -> dict[str, Any]:
+def bench_fanout(broker: str, n: int, rounds: int, state: str = "sqlite",
+                 worker_args: Sequence[str] = ()) -> dict[str, Any]:
+    """`rounds` runs of a DAG of `n` independent no-op tasks on one 2-slot worker, each right
+    after the same `n` tasks enqueued straight to that worker (what it does without a
+    scheduler), so each round's two figures share the machine's load.
+
+    A run is timed from its creation (`created_at`, before the scheduler looks at it) to its
+    end as the scheduler records it (`ended_at`, once it applied the last success): what a
+    user waiting on `dags trigger --wait` sees, minus the CLI. The scheduler is long-lived,
+    as in production: one daemon takes every round's run. CPU per task: the scheduler's
+    thread (it runs in this process) and the worker's whole process tree (/proc)."""
     tag = uuid.uuid4().hex[:8]
     dag = DAG("fan", queue=f"work-{tag}", retries=0)
     for i in range(n):
         dag.task(NOOP, id=f"t{i}")
     with tempfile.TemporaryDirectory() as tmp:
-        tasks = run_on_workers(dag, broker, Path(tmp), tag)
-    span = max(t["ended_at"] for t in tasks) - min(t["queued_at"] for t in tasks)
-    return {"broker": broker, "tasks": n, "slots": 2, "tasks_per_s": n / span,
-            "worker_alone_tasks_per_s": bench_worker_alone(broker, n)}
-
-
-def bench_worker_alone(broker: str, n: int) -> float:
-    """Tasks/s of the same no-op tasks enqueued straight to a 2-slot worker (no scheduler):
-    what the fan-out would reach if the scheduler cost nothing."""
-    tag = uuid.uuid4().hex[:8]
-    with tempfile.TemporaryDirectory() as tmp:
         url = URLS[broker].format(tmp=tmp, tag=tag)
-        queue, replies = f"work-{tag}", f"replies-{tag}"
+        state_url = (f"sqlite:///{tmp}/s.db" if state == "sqlite"
+                     else f"{POSTGRES}?schema=sstate{tag}")
+        queue, events, replies = f"work-{tag}", f"events-{tag}", f"replies-{tag}"
+        config = SchedulerConfig.from_env(   # no depth sampler: its thread starts once
+            {"CONVEYOR_QUEUE_SAMPLE_INTERVAL": "0"}, broker_url=url, state_url=state_url,
+            events_queue=events, control_queue=f"control-{tag}")
+        daemon = build(config, {dag.dag_id: dag})
         worker = spawn("worker", "--queues", queue, "--concurrency", "2", "--broker", url,
-                       "--app", APP, "--log-level", "ERROR")
+                       "--app", APP, "--log-level", "ERROR", *worker_args)
         client = Client(brokers.from_url(url))
         try:
-            time.sleep(2)                          # the worker is up and its runners warm
-            started = time.time()
-            for _ in range(n):
-                client.enqueue(Message(queue=queue, task=NOOP, reply_to=replies,
-                                       max_retries=0))
-            last = 0.0
-            done = 0
-            for delivery in client.broker.consume([replies], prefetch=64, timeout=30):
-                assert delivery is not None, "the worker stopped answering"
-                reply = Event.decode(delivery.body)
-                client.broker.ack(delivery)
-                if reply.kind == "succeeded":
-                    done, last = done + 1, max(last, reply.at)
-                    if done == n:
-                        break
-            return n / (last - started)
+            warm_up(client.broker, queue)
+            found = [(straight(client, queue, replies, n, worker.pid),
+                      one_run(daemon, dag, worker.pid)) for _ in range(rounds)]
         finally:
+            daemon.close()
             stop(worker)
-            for q in (queue, replies):
+            for q in (queue, events, replies, f"control-{tag}"):
                 client.broker.purge(q)
             client.close()
-            if broker == "postgres":
-                drop_schema(f"sbench{tag}")
-            if broker == "redis":
-                delete_redis_prefix(f"sbench{tag}")
+            cleanup(broker, tag)
+            if state != "sqlite":
+                drop_schema(f"sstate{tag}")
+    return {"broker": broker, "state": state, "worker_args": list(worker_args), "tasks": n,
+            "slots": 2, "rounds": [{"alone": a, "fanout": f} for a, f in found]}
+
+
+def warm_up(broker: brokers.Broker, queue: str) -> None:
+    """Wait until the worker consumes (it dead-letters this body): its runners are ready."""
+    broker.publish(queue, b"warm-up: not a message")
+    while broker.depth(queue).ready:
+        time.sleep(0.05)
+
+
+def straight(client: Client, queue: str, replies: str, n: int, worker: int) -> dict[str, float]:
+    """`n` no-op tasks published at once straight to the worker: tasks/s from the publish to
+    the n-th success reply read here, and the worker tree's CPU per task."""
+    cpu = tree_cpu_seconds(worker)
+    started = time.time()
+    client.broker.publish_many([client.publication(Message(queue=queue, task=NOOP,
+                                                           reply_to=replies, max_retries=0))
+                                for _ in range(n)])
+    done = 0
+    for delivery in client.broker.consume([replies], prefetch=64, timeout=30):
+        assert delivery is not None, "the worker stopped answering"
+        client.broker.ack(delivery)
+        done += Event.decode(delivery.body).kind == "succeeded"
+        if done == n:
+            break
+    ended = time.time()
+    return {"tasks_per_s": n / (ended - started),
+            "worker_cpu_ms_per_task": 1000 * (tree_cpu_seconds(worker) - cpu) / n}
+
+
+def one_run(daemon: Daemon, dag: DAG, worker: int) -> dict[str, float]:
+    """One run of `dag`, created and run to its end by `daemon`: tasks/s from its creation
+    to its end, and CPU per task of the scheduler's thread and of the worker tree."""
+    store = daemon.engine.store
+    cpu, own = tree_cpu_seconds(worker), time.thread_time()
+    run_id = create_run(store, dag, time.time(), executors=["queue"])
+    run_to_end(daemon, timeout=300)
+    scheduler_cpu, worker_cpu = time.thread_time() - own, tree_cpu_seconds(worker) - cpu
+    run = store.one("run", run_id=run_id)
+    assert run is not None and run["state"] == "success", f"the run ended {run}"
+    n = len(dag.tasks)
+    return {"tasks_per_s": n / (run["ended_at"] - run["created_at"]),
+            "scheduler_cpu_ms_per_task": 1000 * scheduler_cpu / n,
+            "worker_cpu_ms_per_task": 1000 * worker_cpu / n}
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU of `root` and its descendants so far, reaped children included
+    (each process's cutime/cstime), from /proc."""
+    stats: dict[int, list[str]] = {}
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue            # it exited meanwhile: its parent's cutime has it
+            stats[int(entry)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    ticks, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        ticks += sum(int(v) for v in stats.get(pid, ["0"] * 15)[11:15])
+        todo += children.get(pid, [])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cleanup(broker: str, tag: str) -> None:
+    """Drop what a transport keeps outside the queues purged: a schema, Redis keys."""
+    if broker == "postgres":
+        drop_schema(f"sbench{tag}")
+    if broker == "redis":
+        delete_redis_prefix(f"sbench{tag}")
 
 
 def bench_idle(seconds: float) -> dict[str, Any]:
@@ -239,6 +310,16 @@ def bench_transitions(store_url: str, label: str, n: int) -> dict[str, Any]:
             "transitions_per_s": 3 * n / elapsed}
 
 
+def transitions(n: int) -> list[dict[str, Any]]:
+    found = [bench_transitions(f"sqlite:///{tempfile.mkdtemp()}/t.db", "sqlite", n)]
+    schema = "sbench" + uuid.uuid4().hex[:8]
+    try:
+        found.append(bench_transitions(f"{POSTGRES}?schema={schema}", "postgres", n))
+    finally:
+        drop_schema(schema)
+    return found
+
+
 def reachable(broker: str) -> bool:
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -256,50 +337,82 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--brokers", default="sqlite,redis,postgres,rabbitmq")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help="which parts to run, comma-separated (default: all)")
     parser.add_argument("--hops", type=int, default=200)
     parser.add_argument("--fanout", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--state", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--worker-args", default="",
+                        help="extra worker options for the fan-out, space-separated")
     parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    parts = set(args.only.split(","))
     chosen = [b for b in args.brokers.split(",") if b and reachable(b)]
-    results: dict[str, Any] = {
-        "hop": [bench_hops(b, args.hops) for b in chosen],
-        "fanout": [bench_fanout(b, args.fanout) for b in chosen],
-        "idle": bench_idle(args.idle),
-        "transitions": [bench_transitions(f"sqlite:///{tempfile.mkdtemp()}/t.db", "sqlite",
-                                          args.tasks)],
-    }
-    schema = "sbench" + uuid.uuid4().hex[:8]
-    try:
-        results["transitions"].append(bench_transitions(f"{POSTGRES}?schema={schema}",
-                                                        "postgres", args.tasks))
-    finally:
-        drop_schema(schema)
+    results: dict[str, Any] = {"load": os.getloadavg()}
+    if "hop" in parts:
+        results["hop"] = [bench_hops(b, args.hops) for b in chosen]
+    if "fanout" in parts:
+        results["fanout"] = [bench_fanout(b, args.fanout, args.rounds, args.state,
+                                          args.worker_args.split()) for b in chosen]
+    if "idle" in parts:
+        results["idle"] = bench_idle(args.idle)
+    if "transitions" in parts:
+        results["transitions"] = transitions(args.tasks)
+    results["load_after"] = os.getloadavg()
     print(json.dumps(results, indent=2) if args.json else report(results))
     return 0
 
 
 def report(results: dict[str, Any]) -> str:
+    before, after = results["load"], results["load_after"]
+    lines = [f"load average {before[0]:.2f} {before[1]:.2f} {before[2]:.2f} before, "
+             f"{after[0]:.2f} {after[1]:.2f} {after[2]:.2f} after"]
+    if "hop" in results:
+        lines += report_hops(results["hop"])
+    if "fanout" in results:
+        lines += report_fanout(results["fanout"])
+    if "idle" in results:
+        idle = results["idle"]
+        lines += [f"idle scheduler: {idle['cpu_percent']:.2f}% of a core over "
+                  f"{idle['idle_seconds']:g} s, {idle['rss_mib']:.1f} MiB resident"]
+    if "transitions" in results:
+        lines += ["engine transitions (no broker)"]
+        lines += [f"  {t['store']:10} {t['transitions_per_s']:.0f} transitions/s "
+                  f"({t['transitions']} transitions)" for t in results["transitions"]]
+    return "\n".join(lines)
+
+
+def report_hops(hops: list[dict[str, Any]]) -> list[str]:
     lines = ["hop latency, parent success -> child start (ms); of which: the success event "
              "reaching the scheduler, and the scheduler handling it (apply + publish children)",
              f"  {'broker':10} {'p50':>7} {'p99':>7} {'reach p50':>10} {'reach p99':>10} "
              f"{'handle p50':>11} {'handle p99':>11}"]
-    lines += [f"  {h['broker']:10} {h['p50_ms']:7.2f} {h['p99_ms']:7.2f} "
-              f"{h['to_scheduler_p50_ms']:10.2f} {h['to_scheduler_p99_ms']:10.2f} "
-              f"{h['handling_p50_ms']:11.2f} {h['handling_p99_ms']:11.2f}"
-              for h in results["hop"]]
-    lines += ["fan-out, 2 worker slots"]
-    lines += [f"  {f['broker']:10} {f['tasks']} tasks: {f['tasks_per_s']:.1f} tasks/s "
-              f"(the same tasks enqueued straight to the worker: "
-              f"{f['worker_alone_tasks_per_s']:.1f} tasks/s)" for f in results["fanout"]]
-    idle = results["idle"]
-    lines += [f"idle scheduler: {idle['cpu_percent']:.2f}% of a core over "
-              f"{idle['idle_seconds']:g} s, {idle['rss_mib']:.1f} MiB resident"]
-    lines += ["engine transitions (no broker)"]
-    lines += [f"  {t['store']:10} {t['transitions_per_s']:.0f} transitions/s "
-              f"({t['transitions']} transitions)" for t in results["transitions"]]
-    return "\n".join(lines)
+    return lines + [f"  {h['broker']:10} {h['p50_ms']:7.2f} {h['p99_ms']:7.2f} "
+                    f"{h['to_scheduler_p50_ms']:10.2f} {h['to_scheduler_p99_ms']:10.2f} "
+                    f"{h['handling_p50_ms']:11.2f} {h['handling_p99_ms']:11.2f}" for h in hops]
+
+
+def report_fanout(fanouts: list[dict[str, Any]]) -> list[str]:
+    lines = ["fan-out, 2 worker slots: tasks/s of a run, creation to end (and of the same tasks "
+             "enqueued straight to the worker, same round); CPU ms per task"]
+    for f in fanouts:
+        rounds = f["rounds"]
+        runs = [r["fanout"]["tasks_per_s"] for r in rounds]
+        ratios = [r["fanout"]["tasks_per_s"] / r["alone"]["tasks_per_s"] for r in rounds]
+        lines.append(f"  {f['broker']} broker, {f['state']} state, {f['tasks']} tasks "
+                     f"{' '.join(f['worker_args'])}: median {statistics.median(runs):.0f} "
+                     f"tasks/s, {min(runs):.0f}-{max(runs):.0f}; "
+                     f"÷ straight to the worker: median {statistics.median(ratios):.2f}")
+        lines += [f"    round {i}: {r['fanout']['tasks_per_s']:6.0f} tasks/s "
+                  f"(straight {r['alone']['tasks_per_s']:4.0f}); CPU/task: scheduler "
+                  f"{r['fanout']['scheduler_cpu_ms_per_task']:.2f}, worker "
+                  f"{r['fanout']['worker_cpu_ms_per_task']:.2f} "
+                  f"(straight {r['alone']['worker_cpu_ms_per_task']:.2f})"
+                  for i, r in enumerate(rounds, 1)]
+    return lines
 
 
 if __name__ == "__main__":
