@@ -14,7 +14,8 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from conveyor.errors import MessageError
@@ -166,13 +167,17 @@ def _to_fields(message: Message) -> dict[str, Any]:
     """The body's fields. `deliveries` is left out: the broker counts deliveries and the
     worker copies its count in on each one, so a count written into a body (a retry's) would
     be stale by the next delivery, and a dead letter's body would contradict its metadata."""
-    fields = asdict(message)
-    del fields["deliveries"]
-    fields["command"] = list(message.command)
-    fields["args"] = list(message.args)
-    fields["kwargs"] = dict(message.kwargs)
-    fields["headers"] = dict(message.headers)
-    return {"v": VERSION, **fields}
+    out: dict[str, Any] = {"v": VERSION}
+    for name in _FIELD_NAMES:   # not asdict(): it deep-copies every value only to encode it
+        out[name] = getattr(message, name)
+    out["command"] = list(message.command)
+    out["args"] = list(message.args)
+    out["kwargs"] = dict(message.kwargs)
+    out["headers"] = dict(message.headers)
+    return out
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclass_fields(Message) if f.name != "deliveries")
 
 
 def _check_schema(fields: Mapping[str, Any]) -> None:

@@ -77,6 +77,48 @@ def test_two_engines_racing_on_a_join_dispatch_the_child_once(state_url: str) ->
         store.close()
 
 
+def test_two_engines_applying_batches_of_many_runs_dispatch_each_child_once(
+        state_url: str) -> None:
+    """Each engine applies batches holding events of several runs (its own, and duplicates
+    of the other's, in opposite run orders): one transaction per run, so neither waits on a
+    lock while holding another, and each join is judged once."""
+    dag = join_dag()
+    stores = [from_url(state_url), from_url(state_url)]
+    executors = [RecordingExecutor(), RecordingExecutor()]
+    engines = [Engine(s, {"queue": e}, dags={"join": dag}) for s, e in zip(stores, executors,
+                                                                            strict=True)]
+    runs = [create_run(stores[0], dag, T0 + i, executors=["queue"]) for i in range(40)]
+    engines[0].tick(T0)
+    parents = {(w.message.headers["run"], w.message.headers["task_id"]): w
+               for w in executors[0].sent}
+    executors[0].sent.clear()
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def apply(engine: Engine, mine: str, other: str, order: list[str | None]) -> None:
+        try:
+            for start in range(0, len(order), 8):
+                batch = order[start:start + 8]
+                barrier.wait(timeout=10)
+                engine.handle_many([event(parents[(run_id, task_id)], "succeeded", T0)
+                                    for task_id in (mine, other) for run_id in batch], T0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=apply, args=(engines[0], "left", "right", runs)),
+               threading.Thread(target=apply, args=(engines[1], "right", "left",
+                                                    runs[::-1]))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    children = sorted(w.message.headers["run"] for e in executors for w in e.sent)
+    assert children == sorted(runs)        # each child exactly once, none missing
+    for store in stores:
+        store.close()
+
+
 def test_two_scheduler_processes_dispatch_each_task_once(state_url: str,
                                                          tmp_path: Path) -> None:
     ledger = tmp_path / "ledger"

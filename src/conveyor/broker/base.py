@@ -193,6 +193,12 @@ class Broker(abc.ABC):
         self._held(len(got))
         return got
 
+    @property
+    def claimed_ahead(self) -> int:
+        """Deliveries `consume` claimed and has not handed out yet: a consumer that settles
+        in batches takes them with `steps.send(0)`, which then claims nothing new."""
+        return len(self._unhanded)
+
     def renew_claimed(self, seconds: float | None = None) -> None:
         """Extend the leases of deliveries `consume` claimed and has not handed out yet.
 

@@ -53,7 +53,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from conveyor import sqlfiles
-from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
+from conveyor.broker.base import (
+    DEFAULT_LEASE_SECONDS,
+    Broker,
+    DeadLetter,
+    Delivery,
+    Depth,
+    Publication,
+)
 from conveyor.broker.reconnect import (
     DEPRECATED_RETRY_OPTION,
     RETRY_OPTION,
@@ -245,6 +252,22 @@ class PostgresBroker(Broker):
         params = {"queue": queue, "body": body, "priority": priority,
                   "delay": max(0.0, delay), "channel": self._channel}
         self._run("publish", lambda cur: cur.execute(Q["publish"], params))
+
+    def publish_many(self, publications: Sequence[Publication]) -> None:
+        """All of them in one transaction: one flush to disk, not one per message (a
+        scheduler dispatching a wide fan-out). All or none is stored; a retry after a lost
+        connection may store them twice (at-least-once)."""
+        if not publications:
+            return
+        rows = [{"queue": p.queue, "body": p.body, "priority": p.priority,
+                 "delay": max(0.0, p.delay), "channel": self._channel} for p in publications]
+        queues = sorted({p.queue for p in publications})
+
+        def publish(cur: Cursor) -> None:
+            with cur.connection.transaction():
+                cur.executemany(Q["publish"], rows)
+
+        self._run(f"publish {len(rows)} messages to {queues}", publish)
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
         if self._listener is None:

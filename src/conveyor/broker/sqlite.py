@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor import sqlfiles
-from conveyor.broker.base import DEFAULT_LEASE_SECONDS, Broker, DeadLetter, Delivery, Depth
+from conveyor.broker.base import (
+    DEFAULT_LEASE_SECONDS,
+    Broker,
+    DeadLetter,
+    Delivery,
+    Depth,
+    Publication,
+)
 from conveyor.broker.wake import WakeChannel
 from conveyor.errors import LeaseLost
 from conveyor.locations import path_from_url
@@ -51,6 +58,24 @@ class SQLiteBroker(Broker):
                 delay: float = 0.0) -> None:
         self._db.execute(Q["publish"], {"queue": queue, "body": body, "priority": priority,
                                         "available_at": time.time() + max(0.0, delay)})
+        self._wake.notify_all()
+
+    def publish_many(self, publications: Sequence[Publication]) -> None:
+        """All of them in one transaction, then one wake-up: a scheduler dispatching a wide
+        fan-out commits once and wakes each consumer once, not once per message. All or
+        none is stored."""
+        if not publications:
+            return
+        now = time.time()
+        rows = [{"queue": p.queue, "body": p.body, "priority": p.priority,
+                 "available_at": now + max(0.0, p.delay)} for p in publications]
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany(Q["publish"], rows)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
         self._wake.notify_all()
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:

@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 
 from conveyor import broker as brokers
 from conveyor.broker import Broker, Delivery
@@ -151,12 +151,13 @@ class Daemon:
         self._tick()
         finished = ticked_at = self.engine.runs_finished
         idle = min(IDLE_TICK, self.reload_interval or IDLE_TICK)
-        for delivery in self.broker.consume(self.queues, prefetch=PREFETCH, timeout=idle):
+        steps = self.broker.consume(self.queues, prefetch=PREFETCH, timeout=idle)
+        for delivery in steps:
             for executor in self.executors.values():
                 executor.check()
             reloaded = self._look()
             self._drain_inbox()
-            poked = delivery is not None and self._receive(delivery)
+            poked = delivery is not None and self._receive(self._batch(delivery, steps))
             self._renew_leases()
             ended = self.engine.runs_finished != ticked_at   # catch-up may continue
             if poked or ended or reloaded or delivery is None or self.waker.fired():
@@ -168,6 +169,18 @@ class Daemon:
                 finished = self.engine.runs_finished
                 if self._idle():
                     return
+
+    def _batch(self, first: Delivery, steps: Generator[Delivery | None, float | None, None]
+               ) -> list[Delivery]:
+        """`first` and the deliveries claimed with it, not handed out yet: applied together.
+        A scheduler that falls behind claims many at once, so it catches up in batches."""
+        batch = [first]
+        while self.broker.claimed_ahead:
+            more = steps.send(0.0)
+            if more is None:
+                break
+            batch.append(more)
+        return batch
 
     def _look(self) -> bool:
         """Reload the DAG files that changed, if a look is due; True if a DAG changed."""
@@ -200,44 +213,84 @@ class Daemon:
         self.waker.at(self.engine.tick(time.time()), replace=True)
 
     def _drain_inbox(self) -> None:
+        events = []
         while True:
             try:
-                event = self.inbox.get_nowait()
+                events.append(self.inbox.get_nowait())
             except queue.Empty:
-                return
-            self._apply(event)
+                break
+        if events:
+            now = time.time()
+            self.engine.handle_many(events, now)
+            for event in events:
+                self.on_applied(now - event.at)
 
-    def _apply(self, event: Event) -> None:
+    def _receive(self, deliveries: list[Delivery]) -> bool:
+        """Apply a batch of deliveries; True if one was a poke asking for a tick."""
+        poked = False
+        events: list[tuple[Delivery, Event]] = []
+        for delivery in deliveries:
+            if delivery.queue == self.queues[1]:
+                self.broker.ack(delivery)
+                poked = True
+                continue
+            try:
+                events.append((delivery, Event.decode(delivery.body)))
+            except MessageError as exc:
+                self.broker.dead_letter(delivery, f"not a scheduler event: {exc}")
+        if len(events) > 1:
+            self._apply_together(events)
+        elif events:
+            self._apply_alone(*events[0])
+        return poked
+
+    def _apply_together(self, events: list[tuple[Delivery, Event]]) -> None:
+        """Apply events in as few transactions as their runs allow, then ack each. If that
+        fails, each is applied alone (what was applied changes nothing the second time), so
+        the others are acked and only the one that fails comes back, or is set aside."""
         now = time.time()
-        self.engine.handle(event, now)
-        self.on_applied(now - event.at)
+        try:
+            self.engine.handle_many([event for _, event in events], now)
+        except Exception:
+            log.info("a batch of %d events failed to apply; applying each alone",
+                     len(events), exc_info=True)
+        else:
+            for delivery, event in events:
+                self.on_applied(now - event.at)
+                self._ack(delivery, event)
+            return
+        failures = []
+        for delivery, event in events:
+            try:
+                self._apply_alone(delivery, event)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
-    def _receive(self, delivery: Delivery) -> bool:
-        """Apply one delivery; True if it was a poke asking for a tick."""
-        if delivery.queue == self.queues[1]:
-            self.broker.ack(delivery)
-            return True
+    def _apply_alone(self, delivery: Delivery, event: Event) -> None:
+        """Apply one event and ack it; if it fails, stop (it comes back to a clean process),
+        unless it failed as often as MAX_EVENT_DELIVERIES: then set it aside."""
+        now = time.time()
         try:
-            event = Event.decode(delivery.body)
-        except MessageError as exc:
-            self.broker.dead_letter(delivery, f"not a scheduler event: {exc}")
-            return False
-        try:
-            self._apply(event)
+            self.engine.handle(event, now)
         except Exception as exc:
             if delivery.delivery_count < MAX_EVENT_DELIVERIES:
-                raise   # fail fast; the event comes back to a clean process
+                raise
             log.exception("event %s of %s failed %d times: set aside", event.kind,
                           event.message_id, delivery.delivery_count)
             self.broker.dead_letter(delivery, f"the scheduler failed to apply this event "
                                               f"{delivery.delivery_count} times: {exc!r}")
-            return False
+            return
+        self.on_applied(now - event.at)
+        self._ack(delivery, event)
+
+    def _ack(self, delivery: Delivery, event: Event) -> None:
         try:
             self.broker.ack(delivery)
         except LeaseLost:   # applied meanwhile elsewhere or again later: both are no-ops
             log.info("event %s of %s applied after its lease lapsed; another scheduler may "
                      "apply it too, which changes nothing", event.kind, event.message_id)
-        return False
 
     def _idle(self) -> bool:
         found = self.engine.store.one("active_runs")

@@ -55,6 +55,16 @@ def task_ref(event: Event) -> tuple[str, int] | None:
     return (ti, int(attempt)) if ti and attempt.isdigit() else None
 
 
+def by_run(events: Sequence[Event]) -> list[list[Event]]:
+    """`events` grouped by the run they name (the worker copies the message's `run` header),
+    each group in arrival order, groups in order of their first event. An event naming no
+    run is a group of its own."""
+    groups: dict[str, list[Event]] = {}
+    for i, event in enumerate(events):
+        groups.setdefault(event.headers.get("run") or f"#{i}", []).append(event)
+    return list(groups.values())
+
+
 def describe(event: Event) -> str:
     """What went wrong, one summary line first, then the traceback if there is one."""
     parts = [event.kind, event.error.get("type", ""), event.error.get("message", "")]
@@ -145,20 +155,36 @@ class Engine:
 
     def handle(self, event: Event, now: float) -> None:
         """Apply one event; a duplicate, late or foreign event changes nothing."""
+        self.handle_many([event], now)
+
+    def handle_many(self, events: Sequence[Event], now: float) -> None:
+        """Apply `events` in order: one transaction per run, then that run's ready children
+        published in one batch. Why a transaction per run and not per event: each commit
+        costs a flush to disk on Postgres (~3 ms here), which bounded a scheduler to a few
+        hundred events a second; why not one for all: a transaction that holds one run's
+        lock at a time, as a single event's does, can never deadlock with another scheduler.
+        A run applied is dispatched before the next is tried, so an error leaves no applied
+        success without its children published."""
+        for group in by_run(events):
+            with self.store.transaction():
+                made = [(event, self._apply_event(event, now)) for event in group]
+            self._dispatch([ti for _, ready in made for ti in ready], now)
+            for event, ready in made:
+                if ready:
+                    self.on_dispatched(event.at, len(ready))
+
+    def _apply_event(self, event: Event, now: float) -> list[Row]:
+        """Apply one event inside the caller's transaction; the task instances it made ready."""
         ref = task_ref(event)
         if ref is None:
             log.warning("event %s of message %s names no task instance: not the "
                         "scheduler's, ignored", event.kind, event.message_id)
-            return
-        with self.store.transaction():
-            ti = self.store.one("ti_locking_run", ti_id=ref[0])
-            if ti is None:
-                log.warning("event %s for unknown task instance %s: ignored", event.kind, ref[0])
-                return
-            ready = self._apply(ti, ref[1], event, now)
-        self._dispatch(ready, now)
-        if ready:
-            self.on_dispatched(event.at, len(ready))
+            return []
+        ti = self.store.one("ti_locking_run", ti_id=ref[0])
+        if ti is None:
+            log.warning("event %s for unknown task instance %s: ignored", event.kind, ref[0])
+            return []
+        return self._apply(ti, ref[1], event, now)
 
     def _apply(self, ti: Row, attempt: int, event: Event, now: float) -> list[Row]:
         kind = event.kind
@@ -333,27 +359,35 @@ class Engine:
     # -- dispatch -------------------------------------------------------------------------------
 
     def _dispatch(self, tis: Sequence[Row], now: float) -> None:
-        """Hand each newly queued task instance to its executor, then record the publish."""
-        published = []
+        """Hand the newly queued task instances to their executors (a batch each), then
+        record the publish; one an executor refuses fails with the executor's reason."""
+        batches: dict[str, list[tuple[Row, Workload]]] = {}
         for ti in sorted(tis, key=lambda t: (-t["priority"], t["position"])):
             work = workload(ti, self.events_queue, self._upstream_results(ti))
-            executor = self.executors.get(ti["executor"])
-            try:
-                if executor is None:
-                    raise ExecutorError(f"executor {ti['executor']!r} is not configured on "
-                                        f"this scheduler (it has {', '.join(self.executors)})")
-                executor.submit(work)
-            except ExecutorError as exc:
+            batches.setdefault(ti["executor"], []).append((ti, work))
+        published: list[Row] = []
+        for name, batch in batches.items():
+            refused = self._submit(name, [work for _, work in batch])
+            published += [ti for ti, work in batch if id(work) not in refused]
+            for work, exc in refused.values():
                 self.handle(event_for(work.message, "failed", reason=str(exc), error={
                     "type": "ExecutorError", "message": str(exc)}), now)
-                continue
-            published.append(ti)
         if published:
             with self.store.transaction():
                 for ti in published:
                     self.store.exec("mark_published", ti_id=ti["ti_id"], attempt=ti["attempt"],
                                     now=now)
             self._note(now + min(ti["queued_timeout"] for ti in published))
+
+    def _submit(self, name: str, works: list[Workload]
+                ) -> dict[int, tuple[Workload, ExecutorError]]:
+        """Submit `works` to executor `name`; those refused, by `id()` of the workload."""
+        executor = self.executors.get(name)
+        if executor is None:
+            exc = ExecutorError(f"executor {name!r} is not configured on this scheduler (it "
+                                f"has {', '.join(self.executors)})")
+            return {id(work): (work, exc) for work in works}
+        return {id(work): (work, exc) for work, exc in executor.submit_many(works)}
 
     def _upstream_results(self, ti: Row) -> dict[str, Any]:
         """What the task's parents returned (no query for a task without parents)."""

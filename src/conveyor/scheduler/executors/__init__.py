@@ -17,6 +17,7 @@ from typing import Any
 
 from conveyor.events import Event
 from conveyor.message import Message
+from conveyor.scheduler.errors import ExecutorError
 
 Report = Callable[[Event], None]
 
@@ -42,6 +43,18 @@ class Executor(abc.ABC):
     def submit(self, workload: Workload) -> None:
         """Start the attempt. ExecutorError if it can never run; other errors stop the
         scheduler (the attempt is republished after a restart)."""
+
+    def submit_many(self, workloads: Sequence[Workload]
+                    ) -> list[tuple[Workload, ExecutorError]]:
+        """Start each attempt; return those refused, each with why. Executors that can send
+        many at once (the queue executor: one publish batch) override this."""
+        refused = []
+        for workload in workloads:
+            try:
+                self.submit(workload)
+            except ExecutorError as exc:
+                refused.append((workload, exc))
+        return refused
 
     def use_apps(self, apps: Sequence[str]) -> None:
         """The modules registering the tasks this executor runs changed (a DAG file was
