@@ -352,3 +352,45 @@ def test_the_redis_feed_takes_what_a_killed_feed_left_staged_and_rejects_garbage
         if keys:
             raw.delete(*keys)
         raw.close()
+
+
+def test_a_batch_a_killed_feed_held_comes_back_while_the_restore_mutex_is_stuck(
+        unique: str, tmp_path: Path) -> None:
+    """kombu's restore takes one mutex for every consumer of the Redis server, kept 5
+    minutes when its holder is killed: the feed's own restore must not wait for it."""
+    require_service("redis")
+    prefix, queue = f"{unique}:", "cq"
+    app = Celery("restore-test", broker=REDIS_URL,
+                 broker_transport_options={"global_keyprefix": prefix})
+    sent = [app.send_task("t.add", args=(i, i), queue=queue).id for i in range(5)]
+    app.close()
+    raw = redis.Redis.from_url(REDIS_URL)
+    broker = from_url(f"sqlite:///{tmp_path}/broker.db")
+    url = f"{REDIS_URL}?global_keyprefix={prefix}&visibility_timeout=1"
+    killed = RedisFeed(celery_connection(url), (queue,), Client(broker), lambda name: None)
+    feed = RedisFeed(celery_connection(url), (queue,), Client(broker), lambda name: None)
+    try:
+        keys = [killed._staging, killed._unacked, killed._index,
+                *(k for _, k in killed._queue_keys)]
+        assert len(killed._take(keys=keys, args=[64, time.time()])) == 3 * 5  # then "killed"
+        raw.set(prefix + "unacked_mutex", "a consumer killed while restoring", ex=300)
+        assert feed.move() == 0
+        time.sleep(1.1)  # past the visibility timeout
+        feed._restore_if_due()
+        assert feed.move() == 5
+        ids = set()
+        for _ in range(5):
+            moved = next(broker.consume([f"celery.{queue}"], timeout=2.0))
+            assert moved is not None
+            ids.add(json.loads(moved.body)["id"])
+            broker.ack(moved)
+        assert ids == set(sent)
+        assert raw.hlen(prefix + "unacked") == raw.zcard(prefix + "unacked_index") == 0
+    finally:
+        for f in (killed, feed):
+            f.connection.release()
+        broker.close()
+        keys = list(raw.scan_iter(match=f"{prefix}*"))
+        if keys:
+            raw.delete(*keys)
+        raw.close()

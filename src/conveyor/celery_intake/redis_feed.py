@@ -7,9 +7,9 @@ celery/kombu#305). This feed takes messages with one Lua script that pops up to 
 of them and records each in that same `unacked` hash and `unacked_index` (kombu's format:
 `[payload, exchange, routing_key]` by delivery tag), in one atomic step. Then, as the kombu
 feed does, it publishes the batch to Conveyor and only then removes the batch from
-`unacked` (the ack). Messages a killed feed held stay in `unacked`, and kombu's own
-`restore_visible` (which this feed runs when idle, as every kombu consumer does) puts them
-back on their queue after the visibility timeout.
+`unacked` (the ack). Messages a killed feed held stay in `unacked`, and an idle feed puts
+them back on their queue after the visibility timeout, as kombu's own `restore_visible`
+does but without its global mutex (see `_restore_if_due`).
 
 While the queues are empty it blocks on the first one with BLMOVE into a staging list (one
 message moved atomically), which the next script call drains first: a feed killed between
@@ -39,6 +39,8 @@ log = logging.getLogger("conveyor.celery_intake")
 BLOCK_SECONDS = 1
 #: How often an idle feed gives back messages a dead consumer held (seconds).
 RESTORE_EVERY = 5.0
+#: At most this many batches (of `prefetch`) are given back per look.
+RESTORE_ROUNDS = 10
 
 TAKE = """
 -- KEYS: staging, unacked, unacked_index, then Celery's queue keys, first taken first
@@ -151,8 +153,21 @@ class RedisFeed:
                                  headers={}, body=item)
 
     def _restore_if_due(self) -> None:
-        """kombu's own restore of messages held longer than the visibility timeout."""
+        """Give back what dead consumers held past the visibility timeout, as kombu's
+        `restore_visible` does but without its mutex: that lock is one key for every
+        consumer of this Redis and lives 5 minutes, so a Celery worker or feed killed while
+        holding it stopped every restore for that long (a batch a killed feed held stayed
+        invisible). Each `restore_by_tag` is a WATCH transaction, safe beside any other
+        restorer: a message is put back once."""
         now = time.monotonic()
-        if now >= self._next_restore:
-            self._next_restore = now + RESTORE_EVERY
-            self._channel.qos.restore_visible(num=self.prefetch, interval=1)
+        if now < self._next_restore:
+            return
+        self._next_restore = now + RESTORE_EVERY
+        ceil = time.time() - self._channel.visibility_timeout
+        for _ in range(RESTORE_ROUNDS):
+            tags: list[bytes] = self._redis.zrange(  # type: ignore[assignment]
+                self._index, ceil, 0, desc=True, byscore=True, offset=0, num=self.prefetch)
+            for tag in tags:
+                self._channel.qos.restore_by_tag(tag.decode())
+            if len(tags) < self.prefetch:
+                return
