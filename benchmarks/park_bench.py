@@ -2,7 +2,7 @@
 """How fast workers park a backlog of a full key, per backend, old code against new.
 
     .venv/bin/python benchmarks/park_bench.py [--messages 1000] [--workers 2]
-        [--backends sqlite,redis,postgres,rabbitmq] [--rounds 2] [--old /work/main/src]
+        [--backends sqlite,redis,postgres,rabbitmq] [--rounds 2] --old /tmp/old/src
 
 Per round and backend: the key `tenant:a` (max 2) is made full by two tokens taken straight
 in the limiter, `--messages` tasks of that key are published, then `--workers` real
@@ -120,7 +120,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--backends", default="sqlite,redis,postgres,rabbitmq")
-    parser.add_argument("--old", default="/work/main/src", help="the source tree to compare")
+    parser.add_argument("--old", required=True,
+                        help="the source tree to compare, e.g. the parent of the batch-park "
+                             "commit: git archive ce590dd~1 src | tar -x -C /tmp/old")
     args = parser.parse_args()
     trees = {"old": args.old, "new": str(ROOT / "src")}
     print(f"{args.messages} messages of a full key, {args.workers} workers of 1 slot; "

@@ -348,3 +348,19 @@ def test_a_claimed_batch_never_settled_comes_back(make_broker: MakeBroker, queue
     steps = other.consume([queue], prefetch=4, timeout=10)
     again = sorted(d.body for d in (next(steps) for _ in range(4)) if d is not None)
     assert again == [b"0", b"1", b"2", b"3"]
+
+
+def test_peek_reads_the_head_of_the_ready_messages_and_claims_nothing(
+        make_broker: MakeBroker, queue: str, transport: str) -> None:
+    broker = make_broker()
+    broker.publish_many([Publication(queue, str(i).encode()) for i in range(5)])
+    broker.publish(queue, b"later", delay=60)
+    if broker.peek(queue, 3) is None:
+        assert transport.startswith(("rabbitmq", "kombu"))  # it cannot look without taking
+        return
+    held = first(broker, [queue])
+    assert held is not None and held.body == b"0"
+    assert broker.peek(queue, 3) == [b"1", b"2", b"3"]  # not the held one, nor the delayed
+    assert broker.peek(queue, 100) == [b"1", b"2", b"3", b"4"]
+    assert broker.depth(queue) == Depth(4, 1, 1, 0)
+    broker.ack(held)

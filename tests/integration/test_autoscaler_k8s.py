@@ -20,13 +20,18 @@ from typing import Any
 
 import pytest
 
+from conveyor import limits
 from conveyor.autoscaler import config as configs
 from conveyor.autoscaler import daemon as daemons
 from conveyor.autoscaler.daemon import Daemon
 from conveyor.autoscaler.metrics import AutoscalerMetrics
-from conveyor.broker import Broker, Depth, from_url
+from conveyor.broker import Broker, Depth, Publication, from_url
 from conveyor.broker.sqlite import SQLiteBroker
 from conveyor.errors import BrokerConnectionError
+from conveyor.flow import limits_of
+from conveyor.limits import Override, Parcel
+from conveyor.message import Codec
+from tests.integration import flow_tasks
 
 NS = "conveyor"
 COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -352,3 +357,44 @@ def test_work_at_zero_wakes_it_before_the_next_poll(cluster: tuple[Cluster, int]
     assert state.replicas["worker-default"] == 1
     assert waited < 1.0, f"woke after {waited:.3f}s"
     assert daemon.metrics.wakeups.labels("default")._value.get() == 1
+
+
+def test_ready_messages_a_full_limit_blocks_do_not_scale_it_up(
+        cluster: tuple[Cluster, int], kubeconfig: Path, broker: Broker, broker_url: str,
+        unique: str) -> None:
+    """Issue 19: 500 tasks of one key with max=2, two of them running: the replicas those
+    two need, not 500 / 4 slots; raised at run time to max=500, the backlog counts again.
+    Built as `conveyor autoscaler` builds it: the limiter is the workers' (the broker's)."""
+    state, _ = cluster
+    state.replicas["worker-default"] = 1
+    codec = Codec()
+    broker.publish_many([Publication(unique, codec.encode(
+        flow_tasks.tenant_job.message(("acme", "/dev/null"), queue=unique)))
+        for _ in range(500)])
+    steps = broker.consume([unique], prefetch=2)
+    running = [next(steps), next(steps)]  # claimed and holding the key's two tokens
+    store = limits.from_url(limits.url_for(broker_url, ""))
+    for delivery in running:
+        assert delivery is not None
+        message = codec.decode(delivery.body)
+        assert store.admit(Parcel(message.id, unique, delivery.body), limits_of(
+            message.headers), time.time(), 600).granted
+    config = configs.parse({
+        "broker_url": broker_url, "metrics_port": 0,
+        "kubernetes": {"namespace": NS, "kubeconfig": str(kubeconfig)},
+        "targets": {"default": {"kind": "kubernetes", "deployment": "worker-default",
+                                "queues": [unique], "slots_per_replica": 4,
+                                "max_replicas": 5, "stabilization_window": 0}}})
+    daemon, _ = daemons.build(config)
+    try:
+        [scaled] = daemon.scaled
+        decision = daemon.evaluate(scaled, 0.0)
+        assert decision is not None and decision.replicas == 1, decision  # ceil(2 / 4)
+        assert "0 ready + 2 in flight (498 more blocked by limits)" in decision.reason
+        store.set_limit("tenant:acme", Override(max=500))
+        decision = daemon.evaluate(scaled, 1.0)
+        assert decision is not None and decision.replicas == 5, decision  # max_replicas
+        assert state.replicas["worker-default"] == 5
+    finally:
+        daemon.close()
+        store.close()

@@ -8,6 +8,8 @@ the file, the key and what is allowed. Unknown keys are errors too: a misspelt
     state_url = "postgresql://…"            # where decisions are recorded for the dashboard
                                             # (else CONVEYOR_STATE_URL; embedded SQLite when
                                             # no broker_url is given either)
+    limits_url = ""                         # flow control's store, as the workers' (else
+                                            # CONVEYOR_LIMITS_URL, else found as they find it)
     metrics_port = 9400                     # /metrics and /api/v1/queues/<q> (0: off)
 
     [kubernetes]                            # for kind = "kubernetes" targets
@@ -73,6 +75,7 @@ class TargetConfig:
 class AutoscalerConfig:
     broker_url: str = ""
     state_url: str = ""
+    limits_url: str = ""   # else CONVEYOR_LIMITS_URL, else where the workers keep them
     metrics_port: int = 9400
     metrics_addr: str = "0.0.0.0"
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
@@ -96,6 +99,7 @@ def parse(data: dict[str, Any], source: str = "autoscaler config") -> Autoscaler
     config = AutoscalerConfig(
         broker_url=top.get("broker_url", str, ""),
         state_url=top.get("state_url", str, ""),
+        limits_url=top.get("limits_url", str, ""),
         metrics_port=top.get("metrics_port", int, 9400, _port),
         metrics_addr=top.get("metrics_addr", str, "0.0.0.0"),
         kubernetes=_kubernetes(top.table("kubernetes")),

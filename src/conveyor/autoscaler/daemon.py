@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from conveyor import broker as brokers
+from conveyor import limits
+from conveyor.autoscaler.blocked import Blocked
 from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
 from conveyor.autoscaler.journal import Evaluation, Journal
 from conveyor.autoscaler.metrics import AutoscalerMetrics, MetricsServer
@@ -30,7 +32,9 @@ from conveyor.autoscaler.probes import read_depths, total
 from conveyor.autoscaler.targets import Target, TargetError
 from conveyor.autoscaler.watch import ZeroWatch
 from conveyor.broker import Broker
+from conveyor.config import Settings
 from conveyor.errors import ConveyorError
+from conveyor.limits import Limiter
 from conveyor.state.store import monitoring_url
 
 log = logging.getLogger("conveyor.autoscaler")
@@ -54,8 +58,11 @@ class Daemon:
                  metrics: AutoscalerMetrics | None = None,
                  open_broker: Callable[[], Broker] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 journal: Journal | None = None) -> None:
+                 journal: Journal | None = None,
+                 open_limiter: Callable[[], Limiter] | None = None) -> None:
         self.broker = broker
+        #: ready messages a full limit holds back do not count (see blocked.py)
+        self.blocked = Blocked(open_limiter)
         self.journal = journal
         self.metrics = metrics or AutoscalerMetrics()
         self.clock = clock
@@ -167,7 +174,9 @@ class Daemon:
             s.depth_failing = False
         for queue, depth in depths.items():
             self.metrics.observe_depth(queue, depth)
-        return total(depths)
+        load = total(depths)
+        runnable = sum(self.blocked.ready(self.broker, q, d.ready) for q, d in depths.items())
+        return Load(runnable, load.in_flight, blocked=load.ready - runnable)
 
     def _apply(self, s: Scaled, current: int, decision: Decision) -> int:
         """Scale if the decision differs; the replica count the target has afterwards."""
@@ -221,6 +230,7 @@ class Daemon:
             except Exception as exc:
                 log.error("target %s: closing failed: %s", s.config.name, exc)
         self.broker.close()
+        self.blocked.close()
         if self.journal is not None:
             self.journal.close()
 
@@ -241,7 +251,16 @@ def build(config: AutoscalerConfig) -> tuple[Daemon, MetricsServer | None]:
         log.info("autoscaler: decisions are not recorded for the dashboard; give --state "
                  "(CONVEYOR_STATE_URL, or state_url in the file) to record them")
     journal = Journal(state_url) if state_url else None
-    return Daemon(targets, broker, metrics, open_broker, journal=journal), server
+    return Daemon(targets, broker, metrics, open_broker, journal=journal,
+                  open_limiter=_limiter(config)), server
+
+
+def _limiter(config: AutoscalerConfig) -> Callable[[], Limiter]:
+    """The workers' limiter store, as `conveyor worker` finds it from the same settings."""
+    env = Settings.from_env()
+    where = limits.url_for(config.broker_url or env.broker_url,
+                           config.state_url or env.state_url, config.limits_url or env.limits_url)
+    return lambda: limits.from_url(where)
 
 
 def make_target(t: TargetConfig, config: AutoscalerConfig) -> Target:

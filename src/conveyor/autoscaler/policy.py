@@ -46,13 +46,15 @@ class Load:
 
     ready: int
     in_flight: int
+    blocked: int = 0  # ready on the broker but held back by a full limit: not in `ready`
 
     @property
     def active(self) -> int:
         return self.ready + self.in_flight
 
     def __str__(self) -> str:
-        return f"{self.ready} ready + {self.in_flight} in flight"
+        held = f" ({self.blocked} more blocked by limits)" if self.blocked else ""
+        return f"{self.ready} ready + {self.in_flight} in flight{held}"
 
 
 @dataclass(frozen=True)

@@ -274,6 +274,12 @@ class Broker(abc.ABC):
     def depth(self, queue: str) -> Depth:
         """Ready, in-flight, delayed and dead counts of one queue."""
 
+    def peek(self, queue: str, limit: int) -> list[bytes] | None:
+        """The bodies of up to `limit` ready messages of `queue`, first to be delivered
+        first, claiming nothing; None where the transport cannot look without taking them
+        (RabbitMQ, kombu). The autoscaler reads which limits the head of a queue carries."""
+        return None
+
     def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
         """Wait until `queues` together hold more than `above` messages ready or in flight.
 

@@ -392,6 +392,11 @@ class PostgresBroker(Broker):
         assert row is not None, "an aggregate always returns a row"
         return Depth(*(int(v) for v in row))
 
+    def peek(self, queue: str, limit: int) -> list[bytes] | None:
+        rows = self._run("peek", lambda cur: cur.execute(Q["peek"], {
+            "queue": queue, "limit": limit}).fetchall())
+        return [bytes(r[0]) for r in rows]
+
     def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
         """LISTEN as a consumer does: a NOTIFY reaches every listener, so an autoscaler
         watching here learns of new work at once and takes nothing from the consumers."""

@@ -88,7 +88,7 @@ CLAIM_MAX = 1000
 #: Messages one admin script call touches, so a huge queue never blocks Redis for long.
 ADMIN_BATCH = 1000
 SCRIPTS = ("publish", "claim", "ack", "retry_later", "dead_letter", "extend_lease", "release",
-           "depth", "dead_letters", "requeue_dead", "purge_dead", "purge", "nudge")
+           "depth", "dead_letters", "requeue_dead", "purge_dead", "purge", "nudge", "peek")
 
 
 @cache
@@ -428,6 +428,10 @@ class RedisBroker(Broker):
         keys = [self._key(queue, kind) for kind in ("ready", "delayed", "inflight", "dead")]
         counts = self._call(f"depth of queue {queue!r}", self._run, "depth", keys, [])
         return Depth(*(int(n) for n in counts))
+
+    def peek(self, queue: str, limit: int) -> list[bytes] | None:
+        return list(self._call(f"peek at queue {queue!r}", self._run, "peek",
+                               [self._key(queue, "ready")], [f"{self.prefix}:m:", limit]))
 
     def _interrupt_wait(self) -> None:
         """Push our private wake key through wakeup()'s own connection (BLPOP holds ours).

@@ -145,6 +145,10 @@ class SQLiteBroker(Broker):
         row = self._db.execute(Q["depth"], {"queue": queue, "now": time.time()}).fetchone()
         return Depth(*(int(v) for v in row))
 
+    def peek(self, queue: str, limit: int) -> list[bytes] | None:
+        rows = self._db.execute(Q["peek"], {"queue": queue, "now": time.time(), "limit": limit})
+        return [bytes(r[0]) for r in rows]
+
     def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
         """Sleep on the wake channel as a consumer does: every listener gets each publish's
         ping, so an autoscaler watching here learns of new work at once and takes nothing."""

@@ -133,6 +133,13 @@ UPDATE conveyor_messages AS m SET locked_until = NULL, lease = NULL
  WHERE m.id = held.id AND m.lease = held.lease
 RETURNING pg_notify(%(channel)s, m.queue);
 
+-- name: peek
+-- The first ready messages in delivery order, claiming nothing (the autoscaler's sample).
+SELECT body FROM conveyor_messages
+ WHERE queue = %(queue)s AND dead_reason IS NULL AND available_at <= now()
+   AND (locked_until IS NULL OR locked_until < now())
+ ORDER BY priority DESC, id LIMIT %(limit)s;
+
 -- name: depth
 -- One pass over the queue's rows. Cheaper than four full conditions per row, and exact
 -- because the states never overlap (see the top of this file): a dead row holds no lease, a

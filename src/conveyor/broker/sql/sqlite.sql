@@ -31,6 +31,13 @@ UPDATE conveyor_messages
                LIMIT :limit)
 RETURNING id, queue, body, deliveries, priority;
 
+-- name: peek
+-- The first ready messages in delivery order, claiming nothing (the autoscaler's sample).
+SELECT body FROM conveyor_messages
+ WHERE queue = :queue AND dead_reason IS NULL AND available_at <= :now
+   AND (locked_until IS NULL OR locked_until < :now)
+ ORDER BY priority DESC, id LIMIT :limit;
+
 -- name: next_due
 SELECT MIN(COALESCE(locked_until, available_at)) FROM conveyor_messages
  WHERE queue = :queue AND dead_reason IS NULL;
