@@ -286,8 +286,10 @@ class Daemon:
         self._ack(delivery, event)
 
     def _ack(self, delivery: Delivery, event: Event) -> None:
+        """Ack without waiting for the answer where the transport can (Redis: a batch's
+        acks share one round trip with the next claim); a lost lease is only logged."""
         try:
-            self.broker.ack(delivery)
+            self.broker.ack_soon(delivery)
         except LeaseLost:   # applied meanwhile elsewhere or again later: both are no-ops
             log.info("event %s of %s applied after its lease lapsed; another scheduler may "
                      "apply it too, which changes nothing", event.kind, event.message_id)

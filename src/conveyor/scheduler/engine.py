@@ -133,6 +133,8 @@ class Engine:
         self.runs_finished = 0
         #: DAGs whose catch-up waits for one of their runs to end (not a deadline to wake for)
         self._capped: set[str] = set()
+        #: Runs to try to end once their batch of events is applied (None: outside a batch)
+        self._finishing: set[str] | None = None
 
     # -- DAGs -----------------------------------------------------------------------------------
 
@@ -167,11 +169,24 @@ class Engine:
         success without its children published."""
         for group in by_run(events):
             with self.store.transaction():
-                made = [(event, self._apply_event(event, now)) for event in group]
+                made = self._apply_group(group, now)
             self._dispatch([ti for _, ready in made for ti in ready], now)
             for event, ready in made:
                 if ready:
                     self.on_dispatched(event.at, len(ready))
+
+    def _apply_group(self, group: Sequence[Event], now: float) -> list[tuple[Event, list[Row]]]:
+        """Apply one run's events in the caller's transaction; whether the run ended is asked
+        once, after the last (a run of 100 successes asks once, not 100 times)."""
+        self._finishing = set()
+        try:
+            made = [(event, self._apply_event(event, now)) for event in group]
+            finishing, self._finishing = self._finishing, None
+            for run_id in sorted(finishing):
+                self._finish(run_id, now)
+        finally:
+            self._finishing = None
+        return made
 
     def _apply_event(self, event: Event, now: float) -> list[Row]:
         """Apply one event inside the caller's transaction; the task instances it made ready."""
@@ -248,6 +263,10 @@ class Engine:
             self._finish(ti["run_id"], now)
 
     def _finish(self, run_id: str, now: float) -> None:
+        """End the run if nothing in it is left to do (in a batch: once, at its end)."""
+        if self._finishing is not None:
+            self._finishing.add(run_id)
+            return
         finished = self.store.one("finish_run", run_id=run_id, now=now)
         if finished:
             self.runs_finished += 1
