@@ -176,11 +176,18 @@ class Engine:
                     self.on_dispatched(event.at, len(ready))
 
     def _apply_group(self, group: Sequence[Event], now: float) -> list[tuple[Event, list[Row]]]:
-        """Apply one run's events in the caller's transaction; whether the run ended is asked
-        once, after the last (a run of 100 successes asks once, not 100 times)."""
+        """Apply one run's events in the caller's transaction: their task instances read
+        (and the run locked) in one query, and whether the run ended asked once, after the
+        last event (a batch of 100 successes asks once, not 100 times). What is read of a
+        task instance here does not change within an attempt; its state is guarded in SQL."""
+        refs = [task_ref(event) for event in group]
+        ids = sorted({ref[0] for ref in refs if ref is not None})
+        tis = {ti["ti_id"]: ti for ti in self.store.rows("tis_locking_run",
+                                                         ti_ids=json.dumps(ids))} if ids else {}
         self._finishing = set()
         try:
-            made = [(event, self._apply_event(event, now)) for event in group]
+            made = [(event, self._apply_event(event, ref, tis, now))
+                    for event, ref in zip(group, refs, strict=True)]
             finishing, self._finishing = self._finishing, None
             for run_id in sorted(finishing):
                 self._finish(run_id, now)
@@ -188,14 +195,14 @@ class Engine:
             self._finishing = None
         return made
 
-    def _apply_event(self, event: Event, now: float) -> list[Row]:
+    def _apply_event(self, event: Event, ref: tuple[str, int] | None, tis: Mapping[str, Row],
+                     now: float) -> list[Row]:
         """Apply one event inside the caller's transaction; the task instances it made ready."""
-        ref = task_ref(event)
         if ref is None:
             log.warning("event %s of message %s names no task instance: not the "
                         "scheduler's, ignored", event.kind, event.message_id)
             return []
-        ti = self.store.one("ti_locking_run", ti_id=ref[0])
+        ti = tis.get(ref[0])
         if ti is None:
             log.warning("event %s for unknown task instance %s: ignored", event.kind, ref[0])
             return []
@@ -239,8 +246,9 @@ class Engine:
         self.store.exec("record_attempt", outcome="succeeded", error=None, result=result,
                         log=log, **key)
         _trace_attempt(ti, key["attempt"], "success", now)
-        ready = self.store.rows("dispatch_children", run_id=ti["run_id"], now=now,
-                                task_id=ti["task_id"], publish_grace=self.publish_grace)
+        ready = [] if json.loads(ti["spec"]).get("downstream") == [] else self.store.rows(
+            "dispatch_children", run_id=ti["run_id"], now=now, task_id=ti["task_id"],
+            publish_grace=self.publish_grace)   # no query for a task with no children
         self._finish(ti["run_id"], now)
         return ready
 

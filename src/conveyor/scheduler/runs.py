@@ -39,13 +39,19 @@ def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
                               dag_version=dag.version or "unversioned", now=now)
         if not inserted:
             return None
+        children: dict[str, list[str]] = {}
+        for upstream, downstream in dag.edges():
+            children.setdefault(upstream, []).append(downstream)
         for position, task_id in enumerate(dag.order()):
             node = dag.tasks[task_id]
             o = node.options
+            # `downstream` (a snapshot, like the edges): a success of a task with none
+            # needs no look for children to dispatch
+            spec = {**node.spec(), **extra, "downstream": sorted(children.get(task_id, []))}
             store.exec("insert_ti", ti_id=new_id(now), run_id=run_id, task_id=task_id,
                        position=position, max_attempts=o.max_attempts,
                        executor=o.executor or executors[0], queue=o.queue,
-                       priority=o.priority, spec=json.dumps({**node.spec(), **extra}),
+                       priority=o.priority, spec=json.dumps(spec),
                        queued_timeout=o.queued_timeout, heartbeat_timeout=o.heartbeat_timeout)
         for upstream, downstream in dag.edges():
             store.exec("insert_edge", run_id=run_id, upstream=upstream, downstream=downstream)

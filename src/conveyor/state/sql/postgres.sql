@@ -164,6 +164,13 @@ SELECT t.* FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.r
  WHERE t.ti_id = %(ti_id)s
    FOR UPDATE OF r;
 
+-- name: tis_locking_run
+-- The task instances of a batch of events (ids as a JSON list), with their run's row
+-- locked for the rest of the transaction: one query for a batch, not one per event.
+SELECT t.* FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
+ WHERE t.ti_id IN (SELECT jsonb_array_elements_text(%(ti_ids)s::jsonb))
+   FOR UPDATE OF r;
+
 -- name: lock_run
 SELECT run_id FROM conveyor_runs WHERE run_id = %(run_id)s FOR UPDATE;
 

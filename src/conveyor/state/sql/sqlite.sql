@@ -158,6 +158,12 @@ SELECT * FROM conveyor_task_instances WHERE ti_id = :ti_id;
 SELECT t.* FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
  WHERE t.ti_id = :ti_id;
 
+-- name: tis_locking_run
+-- The task instances of a batch of events (ids as a JSON list), with their run's row
+-- locked for the rest of the transaction: one query for a batch, not one per event.
+SELECT t.* FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
+ WHERE t.ti_id IN (SELECT value FROM json_each(:ti_ids));
+
 -- name: lock_run
 SELECT run_id FROM conveyor_runs WHERE run_id = :run_id;
 
