@@ -17,7 +17,10 @@ from typing import Any
 from conveyor.errors import MessageError
 
 KINDS = ("started", "heartbeat", "succeeded", "failed", "retried", "oom_killed", "timed_out",
-         "interrupted", "dead_lettered")
+         "interrupted", "dead_lettered",
+         # flow control: parked in its key's waiting area (a pool's, for a DAG task), and
+         # handed a slot and published again; the scheduler's queued_timeout waits meanwhile
+         "parked", "unparked")
 #: Kinds after which the attempt is over (the message was settled one way or another).
 FINAL = frozenset({"succeeded", "dead_lettered"})
 

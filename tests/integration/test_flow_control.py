@@ -28,7 +28,7 @@ from tests.conftest import (
     require_service,
 )
 from tests.integration import flow_tasks
-from tests.integration.workerkit import finish, start_worker, stop, worker_env
+from tests.integration.workerkit import events, finish, start_worker, stop, worker_env
 from tests.support import wait_for
 
 APP = "tests.integration.flow_tasks"
@@ -233,6 +233,27 @@ def test_one_task_of_key_b_starts_within_a_task_duration_behind_a_backlog_of_key
                if w == "S" and t == "a" and at < b_published) <= 10
     print(f"key B started {b_started - b_published:.3f} s after it was published")
     assert b_started - b_published <= duration, (b_started - b_published)
+
+
+def test_the_reply_to_hears_of_the_park_and_of_the_slot_before_the_start(
+        setup: tuple[str, dict[str, str]], tmp_path: Path, unique: str) -> None:
+    """A scheduler pauses a DAG task's queued_timeout while it waits for its pool (as
+    Airflow does): it learns of it from these events, in this order."""
+    url, extra = setup
+    ledger, replies = tmp_path / "ledger", f"{unique}-events"
+    messages = [flow_tasks.tenant_job.message(("x", str(ledger), 1.0), queue=unique,
+                                              reply_to=replies) for _ in range(3)]
+    with from_url(url) as broker:
+        enqueue_all(broker, messages)
+        [proc] = workers(url, unique, 1, extra, "--concurrency=3")
+        out = finish(proc, timeout=120)
+        kinds: dict[str, list[str]] = {}
+        for e in events(broker, replies, timeout=2.0):
+            kinds.setdefault(e.message_id, []).append(e.kind)
+    assert sum(1 for x in ledger_lines(ledger) if x[0] == "E") == 3, out[-3000:]
+    waited = [k for k in kinds.values() if "parked" in k]
+    assert len(waited) == 1, kinds  # max=2: the third waited for a slot
+    assert waited[0][:3] == ["parked", "unparked", "started"], kinds
 
 
 def test_unlimited_tasks_never_open_the_limiters_store(tmp_path: Path, unique: str) -> None:

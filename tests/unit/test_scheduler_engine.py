@@ -212,6 +212,53 @@ def test_queued_timeout_then_zombie_are_retried_with_reasons(store: Store,
     assert outcomes[1][0] == "heartbeat_timeout" and "w9 pid 7" in outcomes[1][1]
 
 
+@pytest.fixture
+def any_store(state_url: str) -> Iterator[Store]:
+    """A state store on SQLite and on Postgres (the queries differ)."""
+    opened = from_url(state_url)
+    yield opened
+    opened.close()
+
+
+def test_a_task_waiting_for_its_pool_is_not_timed_out_until_it_gets_a_slot(
+        any_store: Store, executor: RecordingExecutor) -> None:
+    """As Airflow's task waiting for a pool slot stays `scheduled`, untimed: a parked task
+    keeps no queued deadline; handed a slot (`unparked`) its queued_timeout starts over."""
+    store = any_store
+    dag = DAG("d", pools={"warehouse": 1})
+    dag.command("a", ["true"], pool="warehouse", queued_timeout=30)
+    engine = make_engine(store, executor, dag)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    assert engine.tick(T0) == T0 + 30
+    work = executor.sent[0]
+    engine.handle(event(work, "parked", T0 + 1, reason="waiting for a slot of pool:warehouse"),
+                  T0 + 1)
+    engine.tick(T0 + 3600)
+    assert states(store, run_id)["a"] == ("queued", 1)
+    engine.handle(event(work, "unparked", T0 + 3600), T0 + 3600)
+    engine.tick(T0 + 3629)
+    assert states(store, run_id)["a"] == ("queued", 1)
+    engine.tick(T0 + 3630)                  # handed its slot 30 s ago and still not started
+    assert states(store, run_id)["a"] == ("failed", 1)
+    [attempt] = store.rows("run_attempts", run_id=run_id)
+    assert attempt["outcome"] == "queued_timeout"
+
+
+def test_a_parked_task_that_starts_runs_as_usual(any_store: Store,
+                                                 executor: RecordingExecutor) -> None:
+    store = any_store
+    dag = DAG("d", pools={"warehouse": 1})
+    dag.command("a", ["true"], pool="warehouse", queued_timeout=30)
+    engine = make_engine(store, executor, dag)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    engine.tick(T0)
+    work = executor.sent[0]
+    engine.handle(event(work, "parked", T0 + 1), T0 + 1)
+    engine.handle(event(work, "unparked", T0 + 900), T0 + 900)
+    run_ok(engine, executor, "a", T0 + 901)
+    assert states(store, run_id)["a"] == ("success", 1)
+
+
 def test_a_heartbeat_racing_the_timeout_wins(store: Store, executor: RecordingExecutor) -> None:
     dag = DAG("d")
     dag.command("a", ["true"], heartbeat_timeout=10)

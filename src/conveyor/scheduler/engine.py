@@ -228,6 +228,11 @@ class Engine:
                 self._started_late(event, key)
         elif kind == "heartbeat":
             self.store.exec("ti_heartbeat", **key)
+        elif kind == "parked":    # waiting for a slot of its pool or limit: no timeout
+            self.store.exec("ti_parked", **key)
+        elif kind == "unparked":  # handed a slot and queued again: the timeout runs again
+            self._note(now + ti["queued_timeout"])
+            self.store.exec("ti_unparked", **key)
         return []
 
     def _started_late(self, event: Event, key: dict[str, Any]) -> None:

@@ -49,7 +49,9 @@ class Gate:
 
     def __init__(self, open_limiter: Callable[[], Limiter], broker: Broker, codec: Codec,
                  on_denied: Callable[[str, str], None] | None = None,
-                 on_usage: Callable[[list[Usage]], None] | None = None) -> None:
+                 on_usage: Callable[[list[Usage]], None] | None = None,
+                 on_parked: Callable[[Message, str, str], None] | None = None,
+                 on_unparked: Callable[[bytes, str], None] | None = None) -> None:
         self._open = open_limiter
         self.broker = broker
         self.codec = codec
@@ -57,6 +59,10 @@ class Gate:
         self.lease = broker.lease_seconds
         self._on_denied = on_denied or (lambda key, verdict: None)
         self._on_usage = on_usage
+        #: told (message, queue, key) of each message parked and (body, queue) of each
+        #: published again, after the store and the broker have them
+        self._on_parked = on_parked or (lambda message, queue, key: None)
+        self._on_unparked = on_unparked or (lambda body, queue: None)
         self._next_sweep = 0.0
 
     def _store(self) -> Limiter:
@@ -80,6 +86,8 @@ class Gate:
             log.debug("%s delayed %.3fs by its rate limit", message.id, decision.delay)
         self._on_denied(decision.key, decision.verdict)
         self.broker.ack_soon(delivery)  # kept or re-published first: the ack may ride along
+        if decision.verdict == "parked":
+            self._on_parked(message, delivery.queue, decision.key)
         return decision.verdict
 
     def park_behind(self, queues: Sequence[str],
@@ -118,6 +126,7 @@ class Gate:
                 self.broker.ack_soon(delivery)
             except LeaseLost as exc:  # parked already: its redelivery is parked only once
                 log.warning("%s: %s", message.id, exc)
+            self._on_parked(message, delivery.queue, key)
         if parked:
             log.debug("parked %d of %d claimed behind a full key", len(parked), len(batch))
         return parked
@@ -157,6 +166,8 @@ class Gate:
         if parcels:
             assert self.limiter is not None
             self.limiter.moved([p.id for p in parcels])
+        for p in parcels:
+            self._on_unparked(p.body, p.queue)
 
     def close(self) -> None:
         if self.limiter is not None:

@@ -116,8 +116,8 @@ class Supervisor:
         self.metrics = metrics or Metrics()
         self.limiter = cgroups.detect()
         self.gate = Gate(limiter, broker, codec, self.metrics.limit_denied,
-                         self.metrics.limits if self.metrics.wants_limits else None) \
-            if limiter is not None else None
+                         self.metrics.limits if self.metrics.wants_limits else None,
+                         self._parked, self._unparked) if limiter is not None else None
         self.pending: deque[Run] = deque()
         #: deliveries a park batch claimed and left alone (worker/flow.py), handed to
         #: `_accept` before the broker's next; never more than the slots free at the time
@@ -318,6 +318,19 @@ class Supervisor:
             except LeaseLost:
                 pass  # its lease lapsed: it is someone else's now
         self.held.settle(f"giving back a message of {delivery.queue} ({why})", op)
+
+    def _parked(self, message: Message, queue: str, key: str) -> None:
+        """Tell the message's reply_to that it waits for a slot of `key` (a scheduler then
+        stops its queued timeout, as Airflow's does for a task waiting for a pool)."""
+        self._tell("parked", message, queue, reason=f"waiting for a slot of {key}")
+
+    def _unparked(self, body: bytes, queue: str) -> None:
+        """Tell the reply_to of a message handed a slot that it is queued again."""
+        try:
+            message = self.codec.decode(body)
+        except MessageError:
+            return  # it was parked, so it was read once; a worker that claims it says more
+        self._tell("unparked", message, queue)
 
     def _budget(self, message: Message) -> Budget:
         c = self.config

@@ -280,6 +280,16 @@ UPDATE conveyor_task_instances
        published_at = COALESCE(published_at, %(now)s), deadline = %(now)s + heartbeat_timeout
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
 
+-- name: ti_parked
+-- The worker parked it (its pool or concurrency key is full): like Airflow's task waiting for
+-- a pool slot in `scheduled`, it is not timed out for waiting; `unparked` starts the clock.
+UPDATE conveyor_task_instances SET deadline = NULL
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued';
+
+-- name: ti_unparked
+UPDATE conveyor_task_instances SET deadline = %(now)s + queued_timeout
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued';
+
 -- name: ti_requeued
 UPDATE conveyor_task_instances
    SET state = 'queued', queued_at = %(now)s, published_at = %(now)s, error = %(error)s,

@@ -273,6 +273,16 @@ UPDATE conveyor_task_instances
        published_at = COALESCE(published_at, :now), deadline = :now + heartbeat_timeout
  WHERE ti_id = :ti_id AND attempt = :attempt AND state IN ('queued', 'running');
 
+-- name: ti_parked
+-- The worker parked it (its pool or concurrency key is full): like Airflow's task waiting for
+-- a pool slot in `scheduled`, it is not timed out for waiting; `unparked` starts the clock.
+UPDATE conveyor_task_instances SET deadline = NULL
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state = 'queued';
+
+-- name: ti_unparked
+UPDATE conveyor_task_instances SET deadline = :now + queued_timeout
+ WHERE ti_id = :ti_id AND attempt = :attempt AND state = 'queued';
+
 -- name: ti_requeued
 UPDATE conveyor_task_instances
    SET state = 'queued', queued_at = :now, published_at = :now, error = :error,
