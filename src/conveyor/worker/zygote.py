@@ -30,7 +30,13 @@ from typing import NoReturn
 
 from conveyor.worker import frames, warmup
 from conveyor.worker.isolation import die_with_parent, make_non_dumpable
-from conveyor.worker.runner import RunnerConfig, join_cgroup, protect_from_oom_killer, runner_main
+from conveyor.worker.runner import (
+    RunnerConfig,
+    join_cgroup,
+    prepare_lane,
+    protect_from_oom_killer,
+    runner_main,
+)
 
 
 class Zygote:
@@ -87,6 +93,7 @@ class Zygote:
         die_with_parent()
         join_cgroup(cgroup_procs)
         protect_from_oom_killer()
+        prepare_lane()
         frames.send(control, {"op": "ready", "pid": os.getpid()})
         Zygote(control, self.config).serve()
 
