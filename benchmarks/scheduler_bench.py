@@ -224,10 +224,16 @@ def one_run(daemon: Daemon, dag: DAG, worker: int) -> dict[str, float]:
     scheduler_cpu, worker_cpu = time.thread_time() - own, tree_cpu_seconds(worker) - cpu
     run = store.one("run", run_id=run_id)
     assert run is not None and run["state"] == "success", f"the run ended {run}"
+    last_outcome = max(ti["ended_at"] for ti in store.rows("run_tis", run_id=run_id))
     n = len(dag.tasks)
     return {"tasks_per_s": n / (run["ended_at"] - run["created_at"]),
             "scheduler_cpu_ms_per_task": 1000 * scheduler_cpu / n,
-            "worker_cpu_ms_per_task": 1000 * worker_cpu / n}
+            "worker_cpu_ms_per_task": 1000 * worker_cpu / n,
+            # created -> the scheduler started it (dispatching its tasks), and the worker's
+            # last outcome -> the scheduler recording the run's end: the scheduler's share
+            # of the run's wall time at its two ends
+            "pickup_ms": 1000 * (run["started_at"] - run["created_at"]),
+            "end_lag_ms": 1000 * (run["ended_at"] - last_outcome)}
 
 
 def tree_cpu_seconds(root: int) -> float:
@@ -410,7 +416,9 @@ def report_fanout(fanouts: list[dict[str, Any]]) -> list[str]:
                   f"(straight {r['alone']['tasks_per_s']:4.0f}); CPU/task: scheduler "
                   f"{r['fanout']['scheduler_cpu_ms_per_task']:.2f}, worker "
                   f"{r['fanout']['worker_cpu_ms_per_task']:.2f} "
-                  f"(straight {r['alone']['worker_cpu_ms_per_task']:.2f})"
+                  f"(straight {r['alone']['worker_cpu_ms_per_task']:.2f}); run picked up "
+                  f"{r['fanout']['pickup_ms']:.0f} ms after its creation, ended "
+                  f"{r['fanout']['end_lag_ms']:.0f} ms after the last outcome"
                   for i, r in enumerate(rounds, 1)]
     return lines
 
