@@ -8,19 +8,20 @@ claims skip rows another scheduler holds (SKIP LOCKED).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
+from conveyor.events import Event
 from conveyor.scheduler import DAG
-from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.engine import Engine, workload
 from conveyor.scheduler.runs import create_run
-from conveyor.state.store import from_url
+from conveyor.state.store import Row, from_url
 from tests.conftest import POSTGRES_URL, require_service
-from tests.support import RecordingExecutor, conveyor, event, spawn, stop
+from tests.support import RecordingExecutor, conveyor, event, spawn, stop, wait_for
 
 T0 = 1_700_000_000.0
 
@@ -117,6 +118,73 @@ def test_two_engines_applying_batches_of_many_runs_dispatch_each_child_once(
     assert children == sorted(runs)        # each child exactly once, none missing
     for store in stores:
         store.close()
+
+
+def waiting_on_a_lock(application_name: str) -> bool:
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                            "AND application_name = %s", (application_name,)).fetchone() is not None
+
+
+class HoldsAfterFirst(Engine):
+    """Applies its batch's first event, says so, and goes on once the other scheduler
+    waits on a lock."""
+
+    holding = threading.Event()
+
+    def _apply_event(self, event: Event, ref: tuple[str, int] | None,
+                     tis: Mapping[str, Row], now: float) -> list[Row]:
+        ready = super()._apply_event(event, ref, tis, now)
+        if not self.holding.is_set():
+            self.holding.set()
+            wait_for(lambda: waiting_on_a_lock("sched_b"), what="B to wait on a lock")
+        return ready
+
+
+def test_recording_a_publish_waits_for_a_batch_of_events_holding_the_run(
+        state_url: str) -> None:
+    """Scheduler A applies a batch of `started` events while scheduler B records that it
+    published the same two tasks, in the other order. B takes the run's lock first, so it
+    waits for A's whole batch. Without it, B would hold the row A wants next while waiting
+    for the one A holds: a deadlock, and one of them would stop with Postgres's error."""
+    dag = DAG("pair", retries=0)
+    dag.command("c0", ["true"])
+    dag.command("c1", ["true"])
+    stores = [from_url(f"{state_url}&application_name=sched_{n}") for n in "ab"]
+    run_id = create_run(stores[0], dag, T0, executors=["queue"])
+    with stores[0].transaction():                # queued, not yet recorded as published
+        stores[0].rows("start_queued_runs", now=T0, limit=10, publish_grace=60.0)
+        queued = stores[0].rows("dispatch_ready", run_id=run_id, now=T0, publish_grace=60.0)
+    # B records them in position order: A takes them the other way round
+    backwards = [workload(ti, "events") for ti in sorted(queued, key=lambda t: -t["position"])]
+    a = HoldsAfterFirst(stores[0], {"queue": RecordingExecutor()}, dags={"pair": dag})
+    recorder = RecordingExecutor()
+    b = Engine(stores[1], {"queue": recorder}, dags={"pair": dag})
+    errors: list[BaseException] = []
+
+    def run(step: Callable[[], None]) -> threading.Thread:
+        def guarded() -> None:
+            try:
+                step()
+            except BaseException as exc:
+                errors.append(exc)
+        thread = threading.Thread(target=guarded)
+        thread.start()
+        return thread
+
+    try:
+        first = run(lambda: a.handle_many([event(w, "started", T0) for w in backwards], T0))
+        assert HoldsAfterFirst.holding.wait(30)
+        second = run(lambda: b._dispatch(queued, T0))
+        first.join(30)
+        second.join(30)
+        assert not errors
+        assert sorted(recorder.task_ids()) == ["c0", "c1"]
+        assert {r["task_id"]: r["state"] for r in stores[0].rows("run_tis", run_id=run_id)
+                } == {"c0": "running", "c1": "running"}
+    finally:
+        for store in stores:
+            store.close()
 
 
 def test_two_scheduler_processes_dispatch_each_task_once(state_url: str,

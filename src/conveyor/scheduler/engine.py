@@ -406,6 +406,11 @@ class Engine:
                     "type": "ExecutorError", "message": str(exc)}), now)
         if published:
             with self.store.transaction():
+                # runs first, as every transaction here does: updating these rows without
+                # their run's lock could deadlock with another scheduler's batch of events
+                # holding the lock and one of them (found by the two-scheduler test)
+                for run_id in sorted({ti["run_id"] for ti in published}):
+                    self.store.exec("lock_run", run_id=run_id)
                 for ti in published:
                     self.store.exec("mark_published", ti_id=ti["ti_id"], attempt=ti["attempt"],
                                     now=now)
