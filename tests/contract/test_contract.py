@@ -56,6 +56,24 @@ def test_empty_queue_depth_is_zero(make_broker: MakeBroker, queue: str) -> None:
     assert make_broker().depth(queue) == Depth(0, 0, 0, 0)
 
 
+def test_is_empty_counts_ready_delayed_and_in_flight(make_broker: MakeBroker,
+                                                     queue: str) -> None:
+    """What a --burst worker asks when idle: nothing ready, delayed or held anywhere."""
+    broker = make_broker()
+    assert broker.is_empty([queue])
+    broker.publish(queue, b"later", delay=1.0)
+    assert not broker.is_empty([queue])
+    delivery = first(broker, [queue], timeout=10)
+    assert delivery is not None
+    assert not broker.is_empty([queue])
+    broker.ack(delivery)
+    broker.publish(f"{queue}-b", b"now")
+    assert not broker.is_empty([queue, f"{queue}-b"])
+    assert taken(broker, f"{queue}-b") == b"now"
+    assert wait_for_depth(broker, queue, lambda d: d.in_flight == 0).in_flight == 0
+    assert broker.is_empty([queue, f"{queue}-b"])
+
+
 def test_fifo_within_a_queue(make_broker: MakeBroker, queue: str) -> None:
     broker = make_broker()
     for i in range(5):

@@ -302,6 +302,22 @@ def test_in_flight_held_by_another_connection_comes_from_the_management_api(
     assert in_flight == 1
 
 
+def test_is_empty_sees_delayed_work_without_waiting_for_statistics(
+        open_broker: Callable[..., RabbitMQBroker], queue: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another connection consumes a queue too new for statistics: its in-flight count would
+    take seconds to learn, and a burst worker asking while work is delayed must not wait."""
+    holder, observer = open_broker(), open_broker()
+    holder.publish(queue, b"held")
+    assert first(holder, [queue]) is not None
+    observer.publish(queue, b"later", delay=60)
+
+    def never(queue: str, consumers: int) -> int:
+        raise AssertionError("is_empty waited for the management plugin's statistics")
+    monkeypatch.setattr(observer, "_await_statistics", never)
+    assert not observer.is_empty([queue])
+
+
 def test_a_consumer_on_3_10_is_warned_of_the_broker_wide_consumer_timeout(
         open_broker: Callable[..., RabbitMQBroker], queue: str,
         caplog: pytest.LogCaptureFixture) -> None:

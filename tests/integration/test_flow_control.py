@@ -116,11 +116,8 @@ def test_a_rate_of_10_a_second_spaces_100_tasks_over_10_seconds(
     ends = sorted(at for what, at, _ in lines if what == "E")
     assert len(ends) == 100, outputs[0][-3000:]
     # reservations are 0.1 s apart from the first start: 99 intervals, plus delivery jitter
-    # RabbitMQ's delays are rounded up to quarter seconds and walk a ladder of queues whose
-    # levels are declared on first use (README: delays): up to 2 s later on this shared
-    # machine under load (the issue asks for 11 s; RabbitMQ's delays do not allow it here)
-    slack = 2.0 if url.startswith("amqp") else 0.0
-    assert 9.5 <= ends[-1] - starts[0] <= 11.0 + slack, (starts[0], starts[-1], ends[-1])
+    # (RabbitMQ's delays are rounded up to a quarter second); benchmarks/rate_span.py
+    assert 9.5 <= ends[-1] - starts[0] <= 11.0, (starts[0], starts[-1], ends[-1])
 
 
 class Logs:

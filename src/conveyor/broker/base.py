@@ -280,6 +280,16 @@ class Broker(abc.ABC):
         (RabbitMQ, kombu). The autoscaler reads which limits the head of a queue carries."""
         return None
 
+    def is_empty(self, queues: Sequence[str]) -> bool:
+        """Whether `queues` hold no message ready, in flight or delayed (dead ones aside):
+        a `--burst` worker's test for being done, asked whenever it is idle.
+
+        This default reads `depth`; a transport whose in-flight count is slow to learn
+        answers False from its cheap counts first, so an idle burst worker never waits on
+        that count while work is ready or delayed.
+        """
+        return all(d.active + d.delayed == 0 for d in map(self.depth, queues))
+
     def watch(self, queues: Sequence[str], timeout: float, *, above: int = 0) -> bool:
         """Wait until `queues` together hold more than `above` messages ready or in flight.
 

@@ -202,8 +202,7 @@ class Supervisor:
         if not self.config.burst or last is not None:
             return False
         # in flight elsewhere counts: a crashed worker's lease may expire into our hands
-        return all(d.active + d.delayed == 0
-                   for d in (self.broker.depth(q) for q in self.config.queues)) \
+        return self.broker.is_empty(self.config.queues) \
             and (self.gate is None or self.gate.waiting() == 0)
 
     def _stop(self) -> None:
