@@ -32,9 +32,8 @@ from tests.integration.test_flow_control import (  # noqa: E402
     SETUPS,
     enqueue_all,
     ledger_lines,
-    workers,
+    run_all,
 )
-from tests.integration.workerkit import finish  # noqa: E402
 
 
 def one_round(backend: str) -> tuple[float, float, float]:
@@ -49,8 +48,7 @@ def one_round(backend: str) -> tuple[float, float, float]:
             with from_url(url) as broker:
                 enqueue_all(broker, [flow_tasks.rated_job.message((str(ledger),), queue=name)
                                      for _ in range(100)])
-            procs = workers(url, name, 2, extra)
-            outputs = [finish(p, timeout=120) for p in procs]
+            outputs = run_all(url, name, 2, extra, ledger, 100)
             lines = ledger_lines(ledger)
         finally:
             clean_transport(backend, name)
