@@ -87,8 +87,6 @@ class Lane:
     slot: Any  # conveyor.worker.cgroups.Slot: the lane's cgroup (or rlimit fallback)
     pid: int = 0
     idle: collections.deque[Runner] = field(default_factory=collections.deque)
-    requested: collections.deque[tuple[socket.socket, int]] = field(
-        default_factory=collections.deque)
     busy: Runner | None = None
     procs_file: str = ""  # its cgroup.procs (precomputed: read after every task)
     oom_baseline: int | None = None  # the OOM counter when its last task ended, if read
@@ -115,8 +113,8 @@ class Pool:
         self.lanes = [self._open_lane(i) for i in range(lanes)]
         self._watcher = threading.Thread(target=self._watch, name="runner-watcher", daemon=True)
         self._watcher.start()
-        for lane in self.lanes:
-            self.fill(lane)
+        for lane in self.lanes:  # from now on each lane replaces every runner that exits
+            frames.send(lane.control, {"op": "spawn", "count": warm})
 
     # -- the zygote and its lanes ----------------------------------------------------------
 
@@ -162,25 +160,6 @@ class Pool:
         if ready is None:
             raise ConfigError(f"runner lane {index} failed to start: see the log above")
         return Lane(index, ours, slot, pid=ready["pid"], procs_file=procs)
-
-    def fill(self, lane: Lane) -> None:
-        """Ask a lane for runners until `warm` are idle or on their way.
-
-        Called on the watcher thread whenever a runner exits (and once at start), so
-        forking replacements never sits on the supervisor's path from claim to start.
-        """
-        with self._lock:
-            missing = self.warm - len(lane.idle) - len(lane.requested)
-        for _ in range(max(0, missing)):
-            ours, theirs = frames.pair()
-            out_r, out_w = os.pipe()
-            with self._lock:
-                lane.requested.append((ours, out_r))
-            try:
-                frames.send(lane.control, {"op": "spawn"}, [theirs.fileno(), out_w])
-            finally:
-                theirs.close()
-                os.close(out_w)
 
     # -- the supervisor's side ----------------------------------------------------------------
 
@@ -323,20 +302,23 @@ class Pool:
             self._fail(f"the runner zygote {what}")
 
     def _on_lane(self, lane: Lane) -> None:
-        frame, fds = frames.recv_with_fds(lane.control, max_fds=1)
+        """A lane forked a runner, or reaped one and (always, once started) forked its
+        replacement: the exit and the birth come in one frame (see zygote.py)."""
+        frame, fds = frames.recv_with_fds(lane.control, max_fds=3)
         if frame is None:
             if not self._stopping:
                 log.error("runner lane %d exited unexpectedly; stopping the worker", lane.index)
                 self._fail(f"runner lane {lane.index} exited unexpectedly")
             return
-        if frame["op"] == "spawned":
-            self._on_spawned(lane, frame["pid"], fds[0])
-        elif frame["op"] == "exited":
+        if frame["op"] == "exited":
             self._on_exited(frame["pid"], frame["status"])
+        if "spawned" in frame or frame["op"] == "spawned":
+            self._on_spawned(lane, frame.get("spawned", frame["pid"]), fds)
 
-    def _on_spawned(self, lane: Lane, pid: int, pidfd: int) -> None:
-        with self._lock:  # one step, so release() never sees it neither requested nor known
-            channel, output = lane.requested.popleft()
+    def _on_spawned(self, lane: Lane, pid: int, fds: list[int]) -> None:
+        pidfd, channel_fd, output = fds
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=channel_fd)
+        with self._lock:  # one step, so release() never sees it neither idle nor known
             runner = Runner(pid=pid, pidfd=pidfd, channel=channel, output=output, lane=lane)
             self._by_pid[pid] = runner
         self._selector.register(channel, selectors.EVENT_READ, ("channel", runner))
@@ -362,16 +344,14 @@ class Pool:
         if hand_over:
             self.finished.put(runner)
             self.on_change()
-            self.fill(lane)
             return
         with self._lock:
             if runner in lane.idle:
                 lane.idle.remove(runner)
-                log.warning("idle runner %d died (%s); forking another", pid,
+                log.warning("idle runner %d died (%s); its lane forks another", pid,
                             describe_status(status))
         if runner.task is None:
             _close(runner)
-        self.fill(lane)
 
     def _on_channel(self, runner: Runner) -> None:
         frame = frames.recv(runner.channel)
