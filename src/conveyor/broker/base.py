@@ -257,6 +257,18 @@ class Broker(abc.ABC):
         ack() where the caller must know. By default this is ack()."""
         self.ack(delivery)
 
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+        """ack() each, in one round trip where the transport can (a worker acks a batch it
+        parked together); those known to be no longer ours (LeaseLost) are returned, not
+        raised. By default `ack_soon` each, whose lost leases may only be logged later."""
+        lost = []
+        for delivery in deliveries:
+            try:
+                self.ack_soon(delivery)
+            except LeaseLost:
+                lost.append(delivery)
+        return lost
+
     @abc.abstractmethod
     def retry_later(self, delivery: Delivery, delay: float = 0.0,
                     body: bytes | None = None) -> None:

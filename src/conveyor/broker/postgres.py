@@ -376,6 +376,20 @@ class PostgresBroker(Broker):
     def ack(self, delivery: Delivery) -> None:
         self._settle(delivery, self.settings.ack_query)
 
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+        """One statement for them all, committed as `ack` is (ack_commit)."""
+        if not deliveries:
+            return []
+        query = self.settings.ack_query.replace("ack", "ack_many", 1)
+        params = {"ids": [d.receipt[0] for d in deliveries],
+                  "leases": [d.receipt[1] for d in deliveries]}
+        gone = {row[0] for row in self._run(query, lambda cur: cur.execute(
+            Q[query], params).fetchall())}
+        for delivery in deliveries:
+            self._leases.pop(delivery.receipt[0], None)
+            self._settled()
+        return [d for d in deliveries if d.receipt[0] not in gone]
+
     def retry_later(self, delivery: Delivery, delay: float = 0.0,
                     body: bytes | None = None) -> None:
         self._settle(delivery, "retry_later", delay=max(0.0, delay), body=body)

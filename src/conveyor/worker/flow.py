@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from conveyor.broker import Broker, Delivery
-from conveyor.errors import LeaseLost
 from conveyor.flow import RATE_RESERVED_HEADER, Spec
 from conveyor.limits import Limiter, Parcel, Usage
 from conveyor.message import Codec, Message
@@ -116,20 +115,17 @@ class Gate:
         keys = self._store().park_many(
             [(Parcel(m.id, d.queue, d.body, d.priority), specs) for d, m, specs in batch],
             time.time())
-        parked = set()
-        for (delivery, message, _), key in zip(batch, keys, strict=True):
-            if not key:
-                continue
-            parked.add(id(delivery))
+        parked = [(delivery, message, key) for (delivery, message, _), key
+                  in zip(batch, keys, strict=True) if key]
+        for delivery in self.broker.ack_many([d for d, _, _ in parked]):
+            log.warning("a parked message of %s was no longer ours to ack (its lease lapsed);"
+                        " its redelivery is parked only once", delivery.queue)
+        for delivery, message, key in parked:
             self._on_denied(key, "parked")
-            try:
-                self.broker.ack_soon(delivery)
-            except LeaseLost as exc:  # parked already: its redelivery is parked only once
-                log.warning("%s: %s", message.id, exc)
             self._on_parked(message, delivery.queue, key)
         if parked:
             log.debug("parked %d of %d claimed behind a full key", len(parked), len(batch))
-        return parked
+        return {id(delivery) for delivery, _, _ in parked}
 
     def release(self, holder: str, specs: Sequence[Spec]) -> None:
         """Give back `holder`'s tokens and move on the messages they were handed to."""

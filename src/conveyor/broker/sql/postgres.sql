@@ -110,6 +110,23 @@ WITH async_commit AS MATERIALIZED (
 DELETE FROM conveyor_messages
  WHERE id = %(id)s AND lease = %(lease)s AND EXISTS (SELECT FROM async_commit);
 
+-- name: ack_many
+-- `ack` of many deliveries in one statement (a worker acks a batch it parked); the ids gone.
+DELETE FROM conveyor_messages AS m
+ USING unnest(%(ids)s::bigint[], %(leases)s::uuid[]) AS held(id, lease)
+ WHERE m.id = held.id AND m.lease = held.lease
+RETURNING m.id;
+
+-- name: ack_many_async
+-- `ack_async` of many deliveries in one statement.
+WITH async_commit AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+DELETE FROM conveyor_messages AS m
+ USING unnest(%(ids)s::bigint[], %(leases)s::uuid[]) AS held(id, lease)
+ WHERE m.id = held.id AND m.lease = held.lease AND EXISTS (SELECT FROM async_commit)
+RETURNING m.id;
+
 -- name: retry_later
 UPDATE conveyor_messages
    SET available_at = now() + make_interval(secs => %(delay)s), locked_until = NULL,
