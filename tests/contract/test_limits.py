@@ -142,7 +142,7 @@ def test_a_handover_never_confirmed_is_offered_again(limiter: Limiter) -> None:
     assert limiter.sweep(T0 + LEASE + 2, LEASE) == [parcel(2)]
     limiter.moved(["m2"])
     assert limiter.sweep(T0 + 3 * LEASE, LEASE) == []
-    assert {u.key: u.waiting for u in limiter.usage(T0)}["tenant:a"] == 0
+    assert {u.key: u.waiting for u in limiter.usage(T0)}.get("tenant:a", 0) == 0  # forgotten
 
 
 def test_all_limits_or_none(limiter: Limiter) -> None:
@@ -243,3 +243,56 @@ def test_the_broker_s_own_url_opens_its_limiter(tmp_path: Path, unique: str) -> 
             clean_transport(backend, unique)
     assert url_for("amqp://guest:guest@h/%2F", "postgresql://h/db") == "postgresql://h/db"
     assert url_for("amqp://h/", "", "redis://r/0") == "redis://r/0"
+
+
+def keys_of(limiter: Limiter, now: float = T0) -> set[str]:
+    return {u.key for u in limiter.usage(now)}
+
+
+def test_an_idle_key_is_forgotten_at_release(limiter: Limiter) -> None:
+    """A key made from a template (one per tenant) must not stay in the store forever."""
+    one = c("tenant:x", mx=1)
+    limiter.admit(parcel(1), [one], T0, LEASE)
+    limiter.admit(parcel(2), [one], T0, LEASE)
+    assert limiter.release("m1", [one], T0 + 1, LEASE) == [parcel(2)]
+    assert "tenant:x" in keys_of(limiter)  # m2 holds the token it was handed
+    limiter.moved(["m2"])
+    assert limiter.admit(parcel(2), [one], T0 + 2, LEASE).granted
+    assert limiter.release("m2", [one], T0 + 3, LEASE) == []
+    assert "tenant:x" not in keys_of(limiter)
+    assert limiter.admit(parcel(3), [one], T0 + 4, LEASE).granted  # as new, with its max
+    assert limiter.admit(parcel(4), [one], T0 + 4, LEASE).verdict == "parked"
+
+
+def test_the_sweep_forgets_a_key_whose_only_token_lapsed(limiter: Limiter) -> None:
+    limiter.admit(parcel(1), [c("tenant:y")], T0, LEASE)
+    assert limiter.sweep(T0 + 1, LEASE) == []
+    assert "tenant:y" in keys_of(limiter)
+    assert limiter.sweep(T0 + LEASE + 1, LEASE) == []
+    assert "tenant:y" not in keys_of(limiter, T0 + LEASE + 1)
+
+
+def test_a_rate_key_is_forgotten_once_its_bucket_is_full_again(limiter: Limiter) -> None:
+    for i in range(3):
+        limiter.admit(parcel(i), [r("api")], T0, LEASE)  # reservations until T0 + 0.3
+    limiter.sweep(T0 + 0.2, LEASE)
+    assert "api" in keys_of(limiter, T0 + 0.2)  # a reservation is still ahead
+    limiter.sweep(T0 + 0.5, LEASE)
+    assert "api" not in keys_of(limiter, T0 + 0.5)
+    verdicts = [limiter.admit(parcel(i), [r("api")], T0 + 0.5, LEASE).verdict
+                for i in range(5, 7)]
+    assert verdicts == ["run", "delayed"]  # a full bucket again, no more
+
+
+def test_a_key_waited_on_or_overridden_is_kept(limiter: Limiter) -> None:
+    one = c("tenant:z", mx=1)
+    limiter.admit(parcel(1), [one], T0, LEASE)
+    limiter.admit(parcel(2), [one], T0, LEASE)
+    limiter.sweep(T0 + LEASE + 1, LEASE)  # m1's token lapsed: m2 is handed it, not yet moved
+    assert "tenant:z" in keys_of(limiter, T0 + LEASE + 1)
+    limiter.set_limit("partner-api", Override(per_second=5.0))
+    limiter.sweep(T0 + 3 * LEASE, LEASE)
+    assert {u.key: u.per_second for u in limiter.usage(T0)}["partner-api"] == 5.0
+    assert limiter.clear("partner-api")
+    limiter.sweep(T0 + 3 * LEASE, LEASE)
+    assert "partner-api" not in keys_of(limiter)

@@ -71,6 +71,10 @@ def test_worker_metrics_show_limits_per_key() -> None:
     assert 'conveyor_limit_in_use{key="tenant:acme"} 2.0' in text
     assert 'conveyor_limit_waiting{key="tenant:acme"} 7.0' in text
     assert 'conveyor_limit_denied_total{key="tenant:acme",verdict="parked"} 1.0' in text
+    metrics.limits([Usage("tenant:globex", in_use=1, waiting=0, denied=0)])
+    text = generate_latest(metrics.registry).decode()
+    assert 'conveyor_limit_in_use{key="tenant:globex"} 1.0' in text
+    assert 'conveyor_limit_in_use{key="tenant:acme"}' not in text  # forgotten by the store
 
 
 def test_dag_tasks_carry_their_limits_and_pools_in_the_spec() -> None:

@@ -14,7 +14,12 @@ Semantics every backend keeps (checked by one contract suite, `tests/contract/`)
 * `release` (and `sweep`, for tokens whose lease lapsed) hands each freed token straight to
   the oldest parked message of its key and returns those messages to be published again;
   they stay in the store, marked moving, until `moved` says they were published, and a
-  later `sweep` offers them again if that never came (at-least-once, never loss).
+  later `sweep` offers them again if that never came (at-least-once, never loss);
+* a key's state is deleted (by `release`, and by `sweep` for lapsed tokens and rate keys)
+  once nothing holds or waits on it, it has no override and its rate bucket is full again
+  (GCRA's tat <= now: the same as no bucket): keys formatted from templates
+  (`tenant:{tenant_id}`) come and go with their work instead of piling up; `usage` lists
+  the keys that have state, and a key's denied count starts over after it was forgotten.
 
 Times are Unix seconds passed in by the caller (`now`), never read from a clock in here.
 """

@@ -146,6 +146,7 @@ class SqlLimiter(Limiter):
                 tx.rows("drop", key=key, holder=holder)
                 tx.rows("purge", key=key, now=now)
                 out += self._unpark(tx, key, now, lease)
+                tx.rows("forget_idle", key=key, now=now)
             return out
         return self._do(run)
 
@@ -184,6 +185,7 @@ class SqlLimiter(Limiter):
             for key, *_ in tx.rows("keys"):
                 tx.rows("purge", key=key, now=now)
                 out += self._unpark(tx, key, now, lease)
+                tx.rows("forget_idle", key=key, now=now)
             for pid, queue, body, priority, key in tx.rows("stale_moving", now=now):
                 tx.rows("mark_moving", id=pid, until=now + lease)
                 tx.rows("renew", key=key, holder=pid, expires=now + lease)

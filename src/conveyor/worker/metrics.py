@@ -76,6 +76,7 @@ class WorkerMetrics(Metrics):
                                   "key, fleet-wide", ["key"], registry=r)
         self.limit_waiting = Gauge("conveyor_limit_waiting", "Messages parked until their "
                                    "key has room, fleet-wide", ["key"], registry=r)
+        self._limit_keys: set[str] = set()
         self.limit_denials = Counter("conveyor_limit_denied", "Limited messages this worker "
                                      "could not start: parked (key full) or delayed (rate)",
                                      ["key", "verdict"], registry=r)
@@ -103,6 +104,13 @@ class WorkerMetrics(Metrics):
         self.limit_denials.labels(key, verdict).inc()
 
     def limits(self, usage: Sequence[Any]) -> None:
+        """A key the store forgot (idle: `limits.base`) loses its series, which would
+        otherwise show its last figures, one per tenant, forever."""
+        keys = {u.key for u in usage}
+        for gone in self._limit_keys - keys:
+            self.limit_in_use.remove(gone)
+            self.limit_waiting.remove(gone)
+        self._limit_keys = keys
         for u in usage:
             self.limit_in_use.labels(u.key).set(u.in_use)
             self.limit_waiting.labels(u.key).set(u.waiting)

@@ -54,6 +54,21 @@ local function drop(key, holder)
   redis.call('HDEL', P .. ':w:' .. key, holder)
 end
 
+-- delete `key`'s state when none of it matters: no token (lapsed ones purged first), nobody
+-- waiting, no override, and a rate bucket full again (tat <= now: the same as no bucket).
+-- Keys made from templates (`tenant:{id}`) would otherwise pile up forever.
+local function forget_if_idle(key)
+  if redis.call('ZCARD', P .. ':tok:' .. key) > 0 or redis.call('ZCARD', P .. ':park:' .. key) > 0
+      or redis.call('EXISTS', P .. ':set:' .. key) == 1
+      or tonumber(redis.call('GET', P .. ':rate:' .. key) or '0') > now then
+    return
+  end
+  redis.call('SREM', P .. ':keys', key)
+  redis.call('HDEL', P .. ':decl', key)
+  redis.call('HDEL', P .. ':denied', key)
+  redis.call('DEL', P .. ':w:' .. key, P .. ':rate:' .. key)
+end
+
 -- hand free tokens of `key` to its oldest parked messages; append them to `out`
 local function unpark(key, out)
   local limit = max_of(key, declared_max(key))
@@ -175,6 +190,7 @@ if op == 'release' then
     drop(ARGV[i], holder)
     purge(ARGV[i])
     unpark(ARGV[i], out)
+    forget_if_idle(ARGV[i])
   end
   return flatten(out)
 end
@@ -191,6 +207,7 @@ if op == 'sweep' then
   for _, key in ipairs(redis.call('SMEMBERS', P .. ':keys')) do
     purge(key)
     unpark(key, out)
+    forget_if_idle(key)
   end
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. ':moving', '-inf', '(' .. now)) do
     local meta = cjson.decode(redis.call('HGET', P .. ':pm', id))

@@ -71,6 +71,14 @@ SELECT declared, max, per_second, burst FROM conveyor_limit_keys WHERE key = :ke
 -- name: keys
 SELECT key, declared, max, per_second, burst, denied FROM conveyor_limit_keys ORDER BY key;
 
+-- name: forget_idle
+-- a key that nothing holds or waits on, with no override and a rate bucket full again
+-- (tat <= now: the same as no row): keys made from templates would otherwise pile up forever
+DELETE FROM conveyor_limit_keys
+ WHERE key = :key AND max IS NULL AND per_second IS NULL AND burst IS NULL AND tat <= :now
+   AND NOT EXISTS (SELECT 1 FROM conveyor_limit_tokens t WHERE t.key = :key)
+   AND NOT EXISTS (SELECT 1 FROM conveyor_limit_parked p WHERE p.key = :key);
+
 -- name: set_tat
 UPDATE conveyor_limit_keys SET tat = :tat WHERE key = :key;
 
@@ -263,6 +271,11 @@ BEGIN
             r_id := p.id; r_queue := p.queue; r_body := p.body; r_priority := p.priority;
             RETURN NEXT;
         END LOOP;
+        DELETE FROM conveyor_limit_keys c  -- the query forget_idle
+         WHERE c.key = k AND c.max IS NULL AND c.per_second IS NULL AND c.burst IS NULL
+           AND c.tat <= p_now
+           AND NOT EXISTS (SELECT 1 FROM conveyor_limit_tokens t WHERE t.key = k)
+           AND NOT EXISTS (SELECT 1 FROM conveyor_limit_parked q WHERE q.key = k);
     END LOOP;
 END
 $$;
