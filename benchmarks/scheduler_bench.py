@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -47,14 +48,21 @@ from conveyor.events import Event
 from conveyor.message import Message
 from conveyor.scheduler import DAG, examples
 from conveyor.scheduler.config import SchedulerConfig
-from conveyor.scheduler.daemon import Daemon, build
+from conveyor.scheduler.daemon import build, poke
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
-from conveyor.state.store import from_url
+from conveyor.state.store import Row, Store, from_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
 from tests.conftest import delete_redis_prefix  # noqa: E402
-from tests.support import RecordingExecutor, event, run_to_end, spawn, stop  # noqa: E402
+from tests.support import (  # noqa: E402
+    RecordingExecutor,
+    event,
+    run_to_end,
+    spawn,
+    stop,
+    wait_for,
+)
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 URLS = {
@@ -150,11 +158,12 @@ def bench_fanout(broker: str, n: int, rounds: int, state: str = "sqlite",
     after the same `n` tasks enqueued straight to that worker (what it does without a
     scheduler), so each round's two figures share the machine's load.
 
-    A run is timed from its creation (`created_at`, before the scheduler looks at it) to its
+    A run is timed from its creation (`created_at`, before the scheduler knows of it) to its
     end as the scheduler records it (`ended_at`, once it applied the last success): what a
     user waiting on `dags trigger --wait` sees, minus the CLI. The scheduler is long-lived,
-    as in production: one daemon takes every round's run. CPU per task: the scheduler's
-    thread (it runs in this process) and the worker's whole process tree (/proc)."""
+    as in production: one daemon, running on a thread of this process, takes every round's
+    run, created and poked as `dags trigger` does. CPU per task: the scheduler's thread and
+    the worker's whole process tree (/proc)."""
     tag = uuid.uuid4().hex[:8]
     dag = DAG("fan", queue=f"work-{tag}", retries=0)
     for i in range(n):
@@ -168,15 +177,22 @@ def bench_fanout(broker: str, n: int, rounds: int, state: str = "sqlite",
             {"CONVEYOR_QUEUE_SAMPLE_INTERVAL": "0"}, broker_url=url, state_url=state_url,
             events_queue=events, control_queue=f"control-{tag}")
         daemon = build(config, {dag.dag_id: dag})
+        scheduler = threading.Thread(target=daemon.run, name="scheduler")
         worker = spawn("worker", "--queues", queue, "--concurrency", "2", "--broker", url,
                        "--app", APP, "--log-level", "ERROR", *worker_args)
         client = Client(brokers.from_url(url))
+        trigger = from_url(state_url)
         try:
             warm_up(client.broker, queue)
+            scheduler.start()
             found = [(straight(client, queue, replies, n, worker.pid),
-                      one_run(daemon, dag, worker.pid)) for _ in range(rounds)]
+                      one_run(config, trigger, dag, scheduler, worker.pid))
+                     for _ in range(rounds)]
         finally:
+            daemon.stop()
+            scheduler.join(30)
             daemon.close()
+            trigger.close()
             stop(worker)
             for q in (queue, events, replies, f"control-{tag}"):
                 client.broker.purge(q)
@@ -215,16 +231,22 @@ def straight(client: Client, queue: str, replies: str, n: int, worker: int) -> d
             "worker_cpu_ms_per_task": 1000 * (tree_cpu_seconds(worker) - cpu) / n}
 
 
-def one_run(daemon: Daemon, dag: DAG, worker: int) -> dict[str, float]:
-    """One run of `dag`, created and run to its end by `daemon`: tasks/s from its creation
-    to its end, and CPU per task of the scheduler's thread and of the worker tree."""
-    store = daemon.engine.store
-    cpu, own = tree_cpu_seconds(worker), time.thread_time()
+def one_run(config: SchedulerConfig, store: Store, dag: DAG, scheduler: threading.Thread,
+            worker: int) -> dict[str, float]:
+    """One run of `dag`, created and poked as `dags trigger` does, run to its end by the
+    scheduler: tasks/s from its creation to its end, and CPU per task of the scheduler's
+    thread and of the worker tree."""
+    assert scheduler.ident is not None
+    clock = time.pthread_getcpuclockid(scheduler.ident)
+    cpu, own = tree_cpu_seconds(worker), time.clock_gettime(clock)
     run_id = create_run(store, dag, time.time(), executors=["queue"])
-    run_to_end(daemon, timeout=300)
-    scheduler_cpu, worker_cpu = time.thread_time() - own, tree_cpu_seconds(worker) - cpu
-    run = store.one("run", run_id=run_id)
-    assert run is not None and run["state"] == "success", f"the run ended {run}"
+    assert run_id is not None
+    poke(config, run_id)
+    run = wait_for(lambda: ended(store, run_id), timeout=300, what="the run to end",
+                   detail=lambda: "" if scheduler.is_alive() else "the scheduler stopped")
+    scheduler_cpu = time.clock_gettime(clock) - own
+    worker_cpu = tree_cpu_seconds(worker) - cpu
+    assert run["state"] == "success", f"the run ended {run}"
     last_outcome = max(ti["ended_at"] for ti in store.rows("run_tis", run_id=run_id))
     n = len(dag.tasks)
     return {"tasks_per_s": n / (run["ended_at"] - run["created_at"]),
@@ -235,6 +257,12 @@ def one_run(daemon: Daemon, dag: DAG, worker: int) -> dict[str, float]:
             # of the run's wall time at its two ends
             "pickup_ms": 1000 * (run["started_at"] - run["created_at"]),
             "end_lag_ms": 1000 * (run["ended_at"] - last_outcome)}
+
+
+def ended(store: Store, run_id: str) -> Row | None:
+    """The run's row once it ended (its `ended_at` is what the scheduler recorded)."""
+    run = store.one("run", run_id=run_id)
+    return run if run is not None and run["ended_at"] is not None else None
 
 
 def tree_cpu_seconds(root: int) -> float:

@@ -411,9 +411,9 @@ class Engine:
                 # holding the lock and one of them (found by the two-scheduler test)
                 for run_id in sorted({ti["run_id"] for ti in published}):
                     self.store.exec("lock_run", run_id=run_id)
-                for ti in published:
-                    self.store.exec("mark_published", ti_id=ti["ti_id"], attempt=ti["attempt"],
-                                    now=now)
+                self.store.exec_many("mark_published", [
+                    {"ti_id": ti["ti_id"], "attempt": ti["attempt"], "now": now}
+                    for ti in published])
             self._note(now + min(ti["queued_timeout"] for ti in published))
 
     def _submit(self, name: str, works: list[Workload]

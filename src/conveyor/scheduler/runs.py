@@ -42,20 +42,26 @@ def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
         children: dict[str, list[str]] = {}
         for upstream, downstream in dag.edges():
             children.setdefault(upstream, []).append(downstream)
-        for position, task_id in enumerate(dag.order()):
-            node = dag.tasks[task_id]
-            o = node.options
-            # `downstream` (a snapshot, like the edges): a success of a task with none
-            # needs no look for children to dispatch
-            spec = {**node.spec(), **extra, "downstream": sorted(children.get(task_id, []))}
-            store.exec("insert_ti", ti_id=new_id(now), run_id=run_id, task_id=task_id,
-                       position=position, max_attempts=o.max_attempts,
-                       executor=o.executor or executors[0], queue=o.queue,
-                       priority=o.priority, spec=json.dumps(spec),
-                       queued_timeout=o.queued_timeout, heartbeat_timeout=o.heartbeat_timeout)
-        for upstream, downstream in dag.edges():
-            store.exec("insert_edge", run_id=run_id, upstream=upstream, downstream=downstream)
+        store.exec_many("insert_ti", [ti_row(dag, task_id, position, run_id, now, executors,
+                                             extra, children.get(task_id, []))
+                                      for position, task_id in enumerate(dag.order())])
+        store.exec_many("insert_edge", [{"run_id": run_id, "upstream": u, "downstream": d}
+                                        for u, d in dag.edges()])
     return run_id
+
+
+def ti_row(dag: DAG, task_id: str, position: int, run_id: str, now: float,
+           executors: Sequence[str], extra: Mapping[str, Any], children: list[str]
+           ) -> dict[str, Any]:
+    """The `insert_ti` parameters of one task of a new run. Its spec lists the task's
+    children (a snapshot, like the edges): a success of a task with none looks for none."""
+    node = dag.tasks[task_id]
+    o = node.options
+    spec = {**node.spec(), **extra, "downstream": sorted(children)}
+    return {"ti_id": new_id(now), "run_id": run_id, "task_id": task_id, "position": position,
+            "max_attempts": o.max_attempts, "executor": o.executor or executors[0],
+            "queue": o.queue, "priority": o.priority, "spec": json.dumps(spec),
+            "queued_timeout": o.queued_timeout, "heartbeat_timeout": o.heartbeat_timeout}
 
 
 def trigger(store: Store, dag: DAG, now: float, *, executors: Sequence[str],

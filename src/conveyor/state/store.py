@@ -9,7 +9,7 @@ query they want, so what each transition does is read in SQL, once per database.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -78,6 +78,12 @@ class Store:
         """Run a statement; return how many rows it changed."""
         return self._run(query, params)[1]
 
+    def exec_many(self, query: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run a statement once per row of parameters, in one round trip where the database
+        is remote (Postgres pipelines them): a run's 100 task instances, not 100 trips."""
+        if rows:
+            self._execute_many(self.queries[query], rows)
+
     def migrate(self) -> None:
         """Bring the schema up to date; safe when several schedulers start at once."""
         with self.transaction():
@@ -105,6 +111,9 @@ class Store:
     # -- per database ---------------------------------------------------------------------
 
     def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[Row], int]:
+        raise NotImplementedError
+
+    def _execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError
 
     def _begin(self) -> None:
@@ -140,6 +149,9 @@ class SQLiteStore(Store):
         cursor = self._db.execute(sql, params)
         found = [dict(row) for row in cursor.fetchall()]
         return found, cursor.rowcount
+
+    def _execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        self._db.executemany(sql, rows)
 
     def _begin(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")
@@ -195,6 +207,10 @@ class PostgresStore(Store):
         cursor = self._db.execute(sql.encode(), params or None)
         found = cursor.fetchall() if cursor.description else []
         return found, cursor.rowcount
+
+    def _execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        with self._db.cursor() as cursor:
+            cursor.executemany(sql.encode(), rows)
 
     def _begin(self) -> None:
         self._transaction = self._db.transaction()
