@@ -109,6 +109,7 @@ class Pool:
         self._stopping = False
         self.failure: str | None = None
         self._by_pid: dict[int, Runner] = {}
+        self._wanted = False  # take() found no runner: tell the supervisor when one is born
         self._zygote, self._control = self._start_zygote(apps, env, uid, gid)
         self.lanes = [self._open_lane(i) for i in range(lanes)]
         self._watcher = threading.Thread(target=self._watch, name="runner-watcher", daemon=True)
@@ -170,6 +171,7 @@ class Pool:
                 if lane.busy is None and lane.idle:
                     lane.busy = lane.idle.popleft()
                     return lane.busy
+            self._wanted = True  # the next runner born wakes the supervisor
         return None
 
     def start(self, runner: Runner, task: Any, frame: dict[str, Any], memory_limit: int) -> None:
@@ -317,7 +319,7 @@ class Pool:
 
     def _on_spawned(self, lane: Lane, pid: int, fds: list[int]) -> None:
         pidfd, channel_fd, output = fds
-        channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=channel_fd)
+        channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, channel_fd)
         with self._lock:  # one step, so release() never sees it neither idle nor known
             runner = Runner(pid=pid, pidfd=pidfd, channel=channel, output=output, lane=lane)
             self._by_pid[pid] = runner
@@ -325,7 +327,9 @@ class Pool:
         self._selector.register(output, selectors.EVENT_READ, ("output", runner))
         with self._lock:
             lane.idle.append(runner)
-        self.on_change()
+            wanted, self._wanted = self._wanted, False
+        if wanted:  # else nobody waits for it: waking the supervisor (and, on some brokers,
+            self.on_change()  # interrupting its wait with a round trip) would be wasted work
 
     def _on_exited(self, pid: int, status: int) -> None:
         with self._lock:  # release() reads the table from the main thread
