@@ -296,3 +296,42 @@ def test_a_key_waited_on_or_overridden_is_kept(limiter: Limiter) -> None:
     assert limiter.clear("partner-api")
     limiter.sweep(T0 + 3 * LEASE, LEASE)
     assert "partner-api" not in keys_of(limiter)
+
+
+def test_every_redis_key_and_call_of_the_limiter_is_in_one_hash_slot(unique: str) -> None:
+    """Redis Cluster runs a script only on keys of one slot: each call names its key set in
+    KEYS (routing), and every key the scripts make carries the one hash tag."""
+    require_service("redis")
+    import redis
+    from redis.crc import key_slot
+
+    limiter = from_url(f"{REDIS_URL}?prefix={unique}")
+    calls: list[list[str]] = []
+    script = limiter._script  # type: ignore[attr-defined]
+
+    def spy(keys: list[str], args: list[object]) -> object:
+        calls.append(keys)
+        return script(keys=keys, args=args)
+
+    limiter._script = spy  # type: ignore[attr-defined]
+    try:
+        both = [c(mx=1), r()]
+        limiter.admit(parcel(1), both, T0, LEASE)
+        limiter.admit(parcel(2), both, T0, LEASE)
+        limiter.admit(parcel(3), [r()], T0, LEASE)
+        limiter.renew([("m1", both)], T0 + 1, LEASE)
+        limiter.set_limit("api", Override(per_second=5.0))
+        assert limiter.release("m1", both, T0 + 2, LEASE) == [parcel(2)]
+        limiter.sweep(T0 + 3, LEASE)
+        limiter.moved(["m2"])
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            names = list(client.scan_iter(match=f"{unique}:*"))
+        finally:
+            client.close()
+        slots = {key_slot(name) for name in names} | {
+            key_slot(key.encode()) for keys in calls for key in keys}
+        assert len(names) >= 5 and all(calls) and len(slots) == 1, (names, calls)
+    finally:
+        limiter.close()
+        clean_transport("redis", unique)

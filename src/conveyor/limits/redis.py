@@ -2,8 +2,16 @@
 atomic on the server however many workers call it at once.
 
 URL: the broker's own, `redis://host:6379/0?prefix=conveyor`: keys live under
-`<prefix>:limits:`. Clocks: times are the callers' (`now`); workers on machines whose clocks
-disagree by more than a fraction of a lease should run NTP, as for any lease.
+`<prefix>:{limits}:`. Redis Cluster: every key carries the hash tag `{limits}` (or the
+prefix's own, which comes first), so all of one limiter's keys share one hash slot, and each
+script call names its key set in KEYS, by which a cluster client routes it. A call touches
+several keys atomically (a message's limits are taken all or none; the sweep walks every
+key), so one slot is the price; the script derives the other names from the prefix, within
+that slot, which Redis Cluster runs (a proxy that insists on every key in KEYS would refuse
+it). The client is redis-py's single-node one: a cluster client is not wired in.
+
+Clocks: times are the callers' (`now`); workers on machines whose clocks disagree by more
+than a fraction of a lease should run NTP, as for any lease.
 """
 
 from __future__ import annotations
@@ -27,9 +35,9 @@ def parse_url(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     prefix = dict(query).get("prefix", "conveyor")
-    if not prefix or any(c.isspace() for c in prefix):
+    if not prefix or any(c.isspace() for c in prefix) or "{}" in prefix:
         raise ConfigError(f"limits URL {redact(url)!r}: prefix={prefix!r} must be a "
-                          "non-empty word")
+                          "non-empty word (and without '{}', which would undo the hash tag)")
     rest = [(k, v) for k, v in query
             if k not in ("prefix", "retry_seconds", "reconnect_timeout")]
     return urlunsplit(parts._replace(query=urlencode(rest))), prefix
@@ -40,13 +48,14 @@ class RedisLimiter(Limiter):
 
     def __init__(self, url: str) -> None:
         plain, prefix = parse_url(url)
-        self.prefix = f"{prefix}:limits"
+        self.prefix = f"{prefix}:{{limits}}"  # one hash slot: see the module docstring
         self._redis: Any = redis.Redis.from_url(plain)
         text = resources.files("conveyor.limits").joinpath("lua/limits.lua").read_text()
         self._script = self._redis.register_script(text)
 
     def _call(self, op: str, now: float, lease: float, *args: Any) -> Any:
-        return self._script(args=[self.prefix, op, repr(now), repr(lease), *args])
+        return self._script(keys=[f"{self.prefix}:keys"],
+                            args=[self.prefix, op, repr(now), repr(lease), *args])
 
     def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
               rate_reserved: bool = False) -> Decision:

@@ -1,5 +1,7 @@
 -- The Redis limiter: every operation is one call of this script, so each is atomic.
 -- ARGV[1] prefix, ARGV[2] operation, ARGV[3] now (Unix seconds), ARGV[4] lease (seconds).
+-- KEYS[1] is P:keys, for a cluster client's routing; every name below carries the prefix's
+-- hash tag ({limits}), so they all live in KEYS[1]'s slot (redis.py).
 -- Keys (all under the prefix P):
 --   P:keys         set of every key seen            P:decl   hash key -> declared spec (JSON)
 --   P:set:<key>    hash max/per_second/burst set at run time (wins over the declared spec)
