@@ -18,8 +18,13 @@ def pair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
+#: One encoder for every frame: json.dumps with options builds a JSONEncoder per call, and
+#: a fresh runner would build (and copy the pages of) its own for its one report.
+_encoder = json.JSONEncoder(separators=(",", ":"), default=repr)
+
+
 def send(sock: socket.socket, frame: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = json.dumps(frame, separators=(",", ":"), default=repr).encode()
+    data = _encoder.encode(frame).encode()
     if fds:
         socket.send_fds(sock, [data], fds)
     else:
