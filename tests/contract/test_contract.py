@@ -341,10 +341,7 @@ def test_claim_more_takes_a_batch_beyond_prefetch_in_order(make_broker: MakeBrok
     assert held is not None and held.body == b"0"
     more = broker.claim_more([queue], 10)
     bodies = [d.body for d in more]
-    # kombu hands out only what it holds in its buffers (its prefetch): perhaps none
-    assert bodies == [str(i).encode() for i in range(1, 1 + len(bodies))]
-    if not transport.startswith("kombu"):
-        assert len(bodies) == 5
+    assert bodies == [b"1", b"2", b"3", b"4", b"5"]
     assert broker.outstanding == 1 + len(more)
     for delivery in [held, *more]:
         broker.ack(delivery)
@@ -355,11 +352,10 @@ def test_claim_more_takes_a_batch_beyond_prefetch_in_order(make_broker: MakeBrok
 
 def test_a_claimed_batch_never_settled_comes_back(make_broker: MakeBroker, queue: str,
                                                   transport: str) -> None:
-    if transport.startswith("kombu"):
-        pytest.skip("kombu takes no batch beyond its prefetch")
     broker = make_broker()
     broker.publish_many([Publication(queue, str(i).encode()) for i in range(4)])
-    assert next(broker.consume([queue], prefetch=1, timeout=10)) is not None
+    steps = broker.consume([queue], prefetch=1, timeout=10)  # a live loop, as a worker's
+    assert next(steps) is not None
     assert len(broker.claim_more([queue], 10)) == 3
     broker.close()
     other = make_broker()
@@ -388,7 +384,8 @@ def test_ack_many_acks_each_and_returns_those_no_longer_ours(make_broker: MakeBr
                                                              queue: str, transport: str) -> None:
     owner = make_broker(lease_seconds=1.0)
     owner.publish_many([Publication(queue, str(i).encode()) for i in range(4)])
-    first_one = next(owner.consume([queue], prefetch=1, timeout=10))
+    steps = owner.consume([queue], prefetch=1, timeout=10)
+    first_one = next(steps)
     assert first_one is not None
     held = [first_one, *owner.claim_more([queue], 3)]
     assert owner.ack_many([]) == []

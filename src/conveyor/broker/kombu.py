@@ -409,6 +409,23 @@ class KombuBroker(Broker):
             self._consumer_failed(f"claiming from {list(queues)}", exc)
             return []
 
+    def claim_more(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        """What the consumers buffered, then a get (basic.get) per message until `limit`
+        or the queues are empty: a kombu consumer holds no more than its prefetch."""
+        sub = self._subscription()
+        if sub is None or self._paused:
+            return []
+        got: list[Delivery] = []
+        try:
+            self._move_due(queues)
+            got += sub.take(limit)
+            for queue in queues:
+                got += sub.get(queue, limit - len(got))
+        except self._errors as exc:
+            self._consumer_failed(f"claiming a batch from {list(queues)}", exc)
+        self._held(len(got))  # from a lost connection they raise LeaseLost when settled
+        return got
+
     def _wait(self, queues: Sequence[str], timeout: float) -> None:
         """Block on the connection until a delivery, a wake-up, or the next level look."""
         sub = self._subscription()
@@ -742,6 +759,15 @@ class Subscription:
             queue = self.queues[index]
             earlier = self._earlier(index)
             out.append(self._delivery(*(earlier or (queue, self.buffers[queue].popleft()))))
+        return out
+
+    def get(self, queue: str, limit: int) -> list[Delivery]:
+        """Up to `limit` ready messages of `queue` by get, one round trip each."""
+        source = Queue(self.broker._name(queue), channel=self.channels.consuming,
+                       no_declare=True)
+        out: list[Delivery] = []
+        while len(out) < limit and (message := source.get(no_ack=False)) is not None:
+            out.append(self._delivery(queue, message))
         return out
 
     def _earlier(self, index: int) -> tuple[str, KombuMessage] | None:
