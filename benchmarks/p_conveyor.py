@@ -19,7 +19,8 @@ from conveyor import broker as brokers
 from conveyor.client import Client
 from conveyor.tasks import task, worker_process_init
 
-QUEUE = "bench"
+#: BENCH_QUEUE names a queue of your own when others benchmark on the same servers.
+QUEUE = os.environ.get("BENCH_QUEUE", "bench")
 URLS = {
     "redis": "redis://127.0.0.1:6379/0?prefix=conveyor-bench",
     "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F",

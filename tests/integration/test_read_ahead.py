@@ -1,5 +1,6 @@
-"""`--read-ahead` on RabbitMQ: a busy worker may hold one more delivery (the default), or
-none, so that a waiting message stays on the queue for an idle worker (long tasks)."""
+"""`--read-ahead` on RabbitMQ: a busy worker may hold deliveries beyond its slots (8 by
+default; 1 here), or none, so that a waiting message stays on the queue for an idle worker
+(long tasks)."""
 
 from __future__ import annotations
 

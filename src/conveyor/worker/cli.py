@@ -37,7 +37,7 @@ from conveyor.worker.isolation import make_non_dumpable, resolve_task_user
 from conveyor.worker.metrics import WorkerMetrics, metrics_for
 from conveyor.worker.registry import Registry, state_url_for
 from conveyor.worker.results import ResultKeeper
-from conveyor.worker.supervisor import Supervisor, WorkerConfig
+from conveyor.worker.supervisor import READ_AHEAD, Supervisor, WorkerConfig
 
 
 def _queues(text: str) -> tuple[str, ...]:
@@ -85,10 +85,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     env_flag(p, "--max-tasks-per-child", env="CONVEYOR_MAX_TASKS_PER_CHILD", default=1,
              kind=positive_int, help="tasks a runner runs before it is replaced (1: fresh "
              "runner per task, the safe default)")
-    env_flag(p, "--read-ahead", env="CONVEYOR_READ_AHEAD", default=1, kind=non_negative_int,
+    env_flag(p, "--read-ahead", env="CONVEYOR_READ_AHEAD", default=READ_AHEAD,
+             kind=non_negative_int,
              help="deliveries a broker that pushes (RabbitMQ) may send beyond the free slots, "
-             "so the next task is here when a slot frees; each waits behind this worker's "
-             "running tasks while another worker may be idle: 0 for long tasks (Celery's -O "
+             "so the next tasks are here when a slot frees; each waits behind this worker's "
+             "running tasks while another worker may be idle, and its wait counts toward "
+             "RabbitMQ's consumer timeout: 0 for tasks of seconds or more (Celery's -O "
              "fair); the other brokers claim only for a free slot")
     env_flag(p, "--time-limit", env="CONVEYOR_TIME_LIMIT", default=0.0, kind=seconds,
              help="hard time limit in seconds: the runner is killed (0: none)")

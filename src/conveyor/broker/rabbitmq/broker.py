@@ -518,11 +518,14 @@ class RabbitMQBroker(Broker):
         return sub
 
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
-        """Hand out one buffered delivery, first listed queue first."""
+        """Hand out one buffered delivery, first listed queue first; a consumer reading
+        ahead first sends the acks its settles owe (see `_finish`)."""
         try:
             sub = self._live()
             if sub is None:
                 return []
+            if sub.ahead:
+                self._flush(sub)
             delivery = self._take(sub, queues)
             if delivery is None:
                 self._pump()
@@ -704,15 +707,17 @@ class RabbitMQBroker(Broker):
     def _finish(self, sub: Subscription, delivery: Delivery, flush: bool) -> None:
         """Settle a held delivery: owe its ack, and send owed acks when enough are due.
 
-        A consumer reading ahead (a worker) sends each at once: it hands out what it read
-        ahead without a broker call, so it may not block in `_wait` before its next settle,
-        and with its window full RabbitMQ pushes the next delivery only when an ack arrives.
-        Its few slots make a batch of acks small anyway."""
+        A consumer reading ahead (a worker) sends them with its next claim, which follows
+        its settles at once (a settle frees a slot): the runs a worker settles in one
+        wake-up go as one multiple ack, one Raft command on a quorum queue instead of one
+        each. It must not wait for `_wait`: it hands out what it read ahead without
+        blocking there, and with its window full RabbitMQ pushes more only when acks
+        arrive. A heartbeat (`extend_lease`), `depth`, `pause` and `close` send them too."""
         self._release(delivery.receipt)
         sub.ledger.settle(delivery.receipt.tag)
         if delivery.receipt.consumer not in sub.tags.values():
             self._vanishing_until = time.monotonic() + VANISH_SECONDS
-        if flush or sub.ahead or len(sub.ledger.owed) >= sub.prefetch or self._paused:
+        if flush or len(sub.ledger.owed) >= sub.prefetch or self._paused:
             try:
                 self._flush(sub)
             except CONNECTION_ERRORS as exc:

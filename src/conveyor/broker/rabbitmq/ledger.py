@@ -4,10 +4,11 @@
 prefetch window with one `basic.ack(multiple=True)` drains several times faster than acking
 each message. Acks owed are sent when a window's worth is owed; when the window is full and
 the consumer is about to block (RabbitMQ sends nothing more until they arrive); after
-`ACK_DELAY` (5 ms) with nothing left to hand out; and before `extend_lease`, `depth` and
-`close`. A run of consecutive delivery tags goes as one multiple ack, the rest singly.
-`retry_later` and `dead_letter` send at once. An ack that never reached a broker that died
-just means a redelivery (at-least-once).
+`ACK_DELAY` (5 ms) with nothing left to hand out; by a consumer reading ahead (a worker),
+with its next claim, so what it settled in one wake-up goes as one; and before
+`extend_lease`, `depth` and `close`. A run of consecutive delivery tags goes as one multiple
+ack, the rest singly. `retry_later` and `dead_letter` send at once. An ack that never
+reached a broker that died just means a redelivery (at-least-once).
 """
 
 from __future__ import annotations
