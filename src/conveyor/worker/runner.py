@@ -132,11 +132,11 @@ def prepare_lane() -> None:
 
 
 def _prepare(channel: socket.socket, output_fd: int) -> None:
-    """Non-dumpable, signals, stdin /dev/null, stdout and stderr to its output pipe, no other
-    descriptor. SIGINT and SIGTERM stay ignored as the zygote set them (Ctrl-C is for the
-    supervisor; drains let running tasks finish); the rest was set up by prepare_lane."""
+    """Non-dumpable, stdin /dev/null, stdout and stderr to its output pipe, no other
+    descriptor. Signals are as the zygote and the lane left them: SIGINT and SIGTERM
+    ignored (Ctrl-C is for the supervisor; drains let running tasks finish), SIGCHLD the
+    default, SIGUSR1 the soft time limit (prepare_lane)."""
     isolation.make_non_dumpable()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if _devnull < 0:
         prepare_lane()
     os.dup2(_devnull, 0)

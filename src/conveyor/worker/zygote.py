@@ -51,27 +51,31 @@ from conveyor.worker.runner import (
 
 
 class Zygote:
+    """A fork server: the zygote (its children are lanes) or a lane (runners).
+
+    Each child is watched through a pidfd of its own, not a SIGCHLD handler: a handler is
+    Python code the fork server runs for every exit (and so copy-on-write faults it pays
+    while runners share its pages), and a runner would have to reset it before its task.
+    """
+
     def __init__(self, control: socket.socket, config: RunnerConfig) -> None:
         self.control = control
         self.config = config
-        self.children: set[int] = set()
+        self.children: dict[int, int] = {}  # pidfd -> pid
         self.replace = False  # a lane, once asked for runners: replace each that exits
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        self._poll = select.poll()
+        self._poll.register(control, select.POLLIN)
 
     def serve(self) -> NoReturn:
-        signal.set_wakeup_fd(self._wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        watched: list[socket.socket | int] = [self.control, self._wake_r]
+        control = self.control.fileno()
         while True:
-            readable, _, _ = select.select(watched, [], [])
-            if self._wake_r in readable:
-                os.read(self._wake_r, 4096)
-                self._reap()
-            if self.control in readable and not self._handle_request():
-                self._shutdown()
+            for fd, _ in self._poll.poll():
+                if fd != control:
+                    self._reap(fd)
+                elif not self._handle_request():
+                    self._shutdown()
 
     def _handle_request(self) -> bool:
         frame, fds = frames.recv_with_fds(self.control)
@@ -89,16 +93,21 @@ class Zygote:
         return True
 
     def _forked(self) -> bool:
-        """Fork; in the child, drop the parent's descriptors and signal plumbing."""
+        """Fork; in the child, drop the parent's descriptors."""
         pid = os.fork()
         if pid == 0:
             self.control.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            signal.set_wakeup_fd(-1)
+            for pidfd in self.children:
+                os.close(pidfd)
             return True
-        self.children.add(pid)
+        self._watch(pid)
         return False
+
+    def _watch(self, pid: int) -> int:
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = pid
+        self._poll.register(pidfd, select.POLLIN)
+        return pidfd
 
     def _lane(self, control_fd: int, cgroup_procs: str) -> None:
         """Fork a lane: a fork server of its own, parked for good in the lane's cgroup."""
@@ -118,45 +127,46 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         out_r, out_w = os.pipe()
         pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)  # the runner closes every other inherited descriptor
+        if pid == 0:  # the runner closes every inherited descriptor it does not need
             runner_main(theirs, out_w, self.config)
         theirs.close()
         os.close(out_w)
-        self.children.add(pid)
-        return pid, [os.pidfd_open(pid), ours.detach(), out_r]
+        return pid, [self._watch(pid), ours.detach(), out_r]
 
     def _tell(self, frame: bytes, fds: list[int]) -> None:
-        """Send a frame with descriptors, which are then closed here."""
+        """Send a frame with descriptors; all but the first (the pidfd this process keeps
+        watching) are then closed here."""
         try:
             if fds:
                 socket.send_fds(self.control, [frame], fds)
             else:
                 self.control.send(frame)
         finally:
-            for fd in fds:
+            for fd in fds[1:]:
                 os.close(fd)
 
-    def _reap(self) -> None:
-        while self.children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            self.children.discard(pid)
-            if not self.replace:
-                self._tell(b'{"op":"exited","pid":%d,"status":%d}' % (pid, status), [])
-                continue
-            new, theirs = self._spawn()
-            self._tell(b'{"op":"exited","pid":%d,"status":%d,"spawned":%d}'
-                       % (pid, status, new), theirs)
+    def _reap(self, pidfd: int) -> None:
+        """A watched child's pidfd is readable: it exited (reaped here, so not before)."""
+        pid = self.children.get(pidfd)
+        if pid is None:
+            return
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+        if reaped == 0:
+            return  # a new child got a closed pidfd's number in the same poll batch
+        del self.children[pidfd]
+        self._poll.unregister(pidfd)
+        os.close(pidfd)
+        if not self.replace:
+            self._tell(b'{"op":"exited","pid":%d,"status":%d}' % (pid, status), [])
+            return
+        new, theirs = self._spawn()
+        self._tell(b'{"op":"exited","pid":%d,"status":%d,"spawned":%d}' % (pid, status, new),
+                   theirs)
 
     def _shutdown(self) -> NoReturn:
-        for pid in self.children:
+        for pidfd in self.children:
             try:
-                os.kill(pid, signal.SIGKILL)
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except ProcessLookupError:
                 continue
         os._exit(0)
@@ -172,6 +182,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     parser.add_argument("--gid", type=int, default=None)
     args = parser.parse_args(argv)
     die_with_parent()
+    # Children are reaped through pidfds: an inherited SIG_IGN would have the kernel reap
+    # them first, and their exit statuses (a task's outcome) would be lost.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     control = socket.socket(fileno=args.control_fd)
     for module in args.app:
         importlib.import_module(module)
