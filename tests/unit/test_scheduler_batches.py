@@ -4,9 +4,11 @@ event or message it belongs to."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,45 @@ def test_a_run_created_before_specs_listed_children_still_dispatches_them(
     for task_id in ("c0", "c1"):
         engine.handle(event(executor.pop(task_id), "succeeded", T0 + 2), T0 + 2)
     assert store.one("run", run_id=run_id)["state"] == "success"
+
+
+def test_a_batch_whose_leases_lapsed_is_applied_and_the_lapse_only_logged(
+        store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """While the batch was applied its leases lapsed and another consumer claimed the
+    events (fabricated: their lease token changed): the acks fail, which is only logged,
+    since applying them again elsewhere changes nothing."""
+    dag = fan(2)
+    recorder = RecordingExecutor()
+
+    class Stolen(Engine):
+        """Its first batch's leases are taken while it applies them; then the children's
+        outcomes arrive, so the run can end."""
+
+        sizes: list[int] = []
+
+        def handle_many(self, events: Sequence[Event], now: float) -> None:
+            self.sizes.append(len(events))
+            super().handle_many(events, now)
+            if events[0].headers["task_id"] == "root":
+                with sqlite3.connect(tmp_path / "broker.db") as db:
+                    db.execute("UPDATE conveyor_messages SET lease = 'someone else'")
+                for work in recorder.sent:
+                    broker.publish("events", event(work, "succeeded", NOW + 2).encode())
+
+    caplog.set_level(logging.INFO, logger="conveyor.scheduler")
+    engine = Stolen(store, {"queue": recorder}, dags={"fan": dag}, events_queue="events")
+    run_id = create_run(store, dag, NOW, executors=["queue"])
+    engine.tick(NOW)
+    root = recorder.pop("root")
+    broker = brokers.from_url(f"sqlite:///{tmp_path}/broker.db")
+    daemon = Daemon(engine, broker, {"queue": recorder}, events_queue="events",
+                    control_queue="control")
+    try:
+        for kind in ("started", "succeeded"):
+            broker.publish("events", event(root, kind, NOW + 1).encode())
+        daemon.run(burst=True)
+        assert store.one("run", run_id=run_id)["state"] == "success"
+        lapsed = [r for r in caplog.records if "applied after its lease lapsed" in r.message]
+        assert len(lapsed) == 2 and Stolen.sizes[0] == 2      # both acks of one batch
+    finally:
+        daemon.close()

@@ -255,9 +255,12 @@ class Daemon:
             log.info("a batch of %d events failed to apply; applying each alone",
                      len(events), exc_info=True)
         else:
-            for delivery, event in events:
+            for _, event in events:
                 self.on_applied(now - event.at)
-                self._ack(delivery, event)
+            lost = {id(d) for d in self.broker.ack_many([d for d, _ in events])}
+            for delivery, event in events:   # one transaction or round trip for the batch
+                if id(delivery) in lost:
+                    log_lapsed(event)
             return
         failures = []
         for delivery, event in events:
@@ -290,9 +293,8 @@ class Daemon:
         acks share one round trip with the next claim); a lost lease is only logged."""
         try:
             self.broker.ack_soon(delivery)
-        except LeaseLost:   # applied meanwhile elsewhere or again later: both are no-ops
-            log.info("event %s of %s applied after its lease lapsed; another scheduler may "
-                     "apply it too, which changes nothing", event.kind, event.message_id)
+        except LeaseLost:
+            log_lapsed(event)
 
     def _idle(self) -> bool:
         found = self.engine.store.one("active_runs")
@@ -306,6 +308,13 @@ class Daemon:
             executor.close()
         self.broker.close()
         self.engine.store.close()
+
+
+def log_lapsed(event: Event) -> None:
+    """An event acked after its lease lapsed: applied meanwhile elsewhere, or again later;
+    both are no-ops."""
+    log.info("event %s of %s applied after its lease lapsed; another scheduler may apply it "
+             "too, which changes nothing", event.kind, event.message_id)
 
 
 def make_executors(config: SchedulerConfig, dags: Mapping[str, DAG]) -> dict[str, Executor]:
