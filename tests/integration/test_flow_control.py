@@ -233,12 +233,14 @@ def test_one_task_of_key_b_starts_within_a_task_duration_behind_a_backlog_of_key
     # in one limiter transaction (worker/flow.py), so B, published behind 1,000 A messages,
     # starts within one short task. Parked one per claim, it took 10-16 s on this machine
     # under load (the test used a 15 s task then); without parking, B would wait behind 500
-    # rounds of 2 tasks. RabbitMQ takes a batch by basic.get, one round trip each (1.4 ms on
+    # rounds of 2 tasks. Measured (B's start after its publish): SQLite, Redis, Postgres
+    # 0.003-0.4 s alone, up to 1.4 s with the suite running beside it at a load average of
+    # 10, so a 2 s task. RabbitMQ takes a batch by basic.get, one round trip each (1.4 ms on
     # an idle quorum queue here, 2.5-6 ms at a load average of 12: benchmarks/park_bench.py):
-    # B started 1.2-4.7 s after its publish there, so a 5 s task; elsewhere within 0.2 s
-    # (kombu gets its batches one message at a time too: 0.2-0.6 s on kombu+redis; its
-    # publish_many confirms each message, so there the backlog is mostly parked by then).
-    duration = 5.0 if url.startswith("amqp") else 1.0
+    # 1.2-5.4 s there at a load average of 6-13, so a 10 s task. kombu gets one message at a
+    # time too (0.2-0.6 s on kombu+redis); its publish_many confirms each message, so there
+    # much of the backlog is parked by the time B is published: still 1,000 A ahead of it.
+    duration = 10.0 if url.startswith("amqp") else 2.0
     ledger, codec = tmp_path / "ledger", Codec()
     backlog = [flow_tasks.tenant_job.message(("a", str(ledger), duration), queue=unique)
                for _ in range(1000)]
@@ -257,9 +259,9 @@ def test_one_task_of_key_b_starts_within_a_task_duration_behind_a_backlog_of_key
             stop(proc)
         for proc, log in zip(procs, logs, strict=True):
             log.close(proc)
-    # the backlog was there: A had started at most a few of its 1,000 when B was published
+    # the backlog was there: A had started few of its 1,000 (2 at a time) when B came
     assert sum(1 for w, at, t in ledger_lines(ledger)
-               if w == "S" and t == "a" and at < b_published) <= 10
+               if w == "S" and t == "a" and at < b_published) <= 20
     print(f"key B started {b_started - b_published:.3f} s after it was published")
     assert b_started - b_published <= duration, (b_started - b_published)
 

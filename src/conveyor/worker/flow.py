@@ -101,7 +101,12 @@ class Gate:
         while not left and time.monotonic() < deadline:
             batch = self.broker.claim_more(queues, PARK_BATCH)
             vetted = [(d, v) for d in batch if (v := vet(d)) is not None]
-            parked = self._park_many([(d, m, specs) for d, (m, specs) in vetted])
+            try:
+                parked = self._park_many([(d, m, specs) for d, (m, specs) in vetted])
+            except Exception as exc:  # noqa: BLE001 - the store's or the broker's own errors
+                log.warning("could not park a batch of %d behind a full key (%s: %s); each "
+                            "is handled on its own", len(batch), type(exc).__name__, exc)
+                return batch  # parked ones among them are parked once, acked again
             left = [d for d in batch if id(d) not in parked]
             if len(batch) < PARK_BATCH:
                 break

@@ -274,9 +274,6 @@ class Supervisor:
             return []
         try:
             verdict = self.gate.admit(delivery, message, specs)
-            if verdict == "parked":
-                self._park_behind()
-            return specs if verdict == "run" else None
         except LeaseLost as exc:
             log.warning("%s: %s", message.id, exc)
             return None
@@ -286,6 +283,9 @@ class Supervisor:
             self.held.settle(f"giving back {message.id}",
                              lambda: self.broker.retry_later(delivery, 1.0))
             return None
+        if verdict == "parked":
+            self._park_behind()  # parked and acked: this delivery is settled
+        return specs if verdict == "run" else None
 
     def _park_behind(self) -> None:
         """Its key is full: park what waits behind it in batches (worker/flow.py). Of the
