@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import pytest
 
@@ -364,7 +365,8 @@ def test_ready_messages_a_full_limit_blocks_do_not_scale_it_up(
         unique: str) -> None:
     """Issue 19: 500 tasks of one key with max=2, two of them running: the replicas those
     two need, not 500 / 4 slots; raised at run time to max=500, the backlog counts again.
-    Built as `conveyor autoscaler` builds it: the limiter is the workers' (the broker's)."""
+    Built as `conveyor autoscaler` builds it: the limiter is the workers' (the broker's).
+    KEDA's endpoint counts the same."""
     state, _ = cluster
     state.replicas["worker-default"] = 1
     codec = Codec()
@@ -379,22 +381,29 @@ def test_ready_messages_a_full_limit_blocks_do_not_scale_it_up(
         message = codec.decode(delivery.body)
         assert store.admit(Parcel(message.id, unique, delivery.body), limits_of(
             message.headers), time.time(), 600).granted
+    port = free_port("127.0.0.1")
     config = configs.parse({
-        "broker_url": broker_url, "metrics_port": 0,
+        "broker_url": broker_url, "metrics_port": port, "metrics_addr": "127.0.0.1",
         "kubernetes": {"namespace": NS, "kubeconfig": str(kubeconfig)},
         "targets": {"default": {"kind": "kubernetes", "deployment": "worker-default",
                                 "queues": [unique], "slots_per_replica": 4,
                                 "max_replicas": 5, "stabilization_window": 0}}})
-    daemon, _ = daemons.build(config)
+    daemon, server = daemons.build(config)
     try:
         [scaled] = daemon.scaled
         decision = daemon.evaluate(scaled, 0.0)
         assert decision is not None and decision.replicas == 1, decision  # ceil(2 / 4)
         assert "0 ready + 2 in flight (498 more blocked by limits)" in decision.reason
+        with urlopen(f"http://127.0.0.1:{port}/api/v1/queues/{unique}", timeout=10) as reply:
+            keda = json.load(reply)
+        assert (keda["ready"], keda["in_flight"], keda["blocked"], keda["active"]) == \
+            (498, 2, 498, 2)
         store.set_limit("tenant:acme", Override(max=500))
         decision = daemon.evaluate(scaled, 1.0)
         assert decision is not None and decision.replicas == 5, decision  # max_replicas
         assert state.replicas["worker-default"] == 5
     finally:
+        if server is not None:
+            server.close()
         daemon.close()
         store.close()

@@ -245,7 +245,8 @@ def build(config: AutoscalerConfig) -> tuple[Daemon, MetricsServer | None]:
     metrics = AutoscalerMetrics()
     server = None
     if config.metrics_port:
-        server = MetricsServer(metrics, open_broker, config.metrics_port, config.metrics_addr)
+        server = MetricsServer(metrics, open_broker, config.metrics_port, config.metrics_addr,
+                               _limiter(config))
     state_url = monitoring_url(config.broker_url, config.state_url)
     if state_url is None and targets:
         log.info("autoscaler: decisions are not recorded for the dashboard; give --state "

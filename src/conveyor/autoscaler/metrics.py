@@ -3,8 +3,10 @@
 * `/metrics`: depth per queue and state (as last read), current and desired replicas per
   target, scaling events, wake-ups from zero, and errors, for Prometheus.
 * `/api/v1/queues/<queue>`: that queue's depth read now, as JSON with `active` = ready +
-  in flight, for KEDA's `metrics-api` scaler (`valueLocation: active`); 503 with the
-  reason if the broker cannot be read, so KEDA applies its fallback.
+  in flight, less the ready messages a full concurrency limit blocks (`blocked`, see
+  blocked.py: the same count the autoscaler scales on), for KEDA's `metrics-api` scaler
+  (`valueLocation: active`); 503 with the reason if the broker cannot be read, so KEDA
+  applies its fallback.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from urllib.parse import unquote
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 
+from conveyor.autoscaler.blocked import Blocked
 from conveyor.broker import Broker, Depth
+from conveyor.limits import Limiter
 
 log = logging.getLogger("conveyor.autoscaler")
 QUEUE_API = "/api/v1/queues/"
@@ -54,8 +58,10 @@ class MetricsServer:
     """A small threaded HTTP server for both endpoints; stop it with `close()`."""
 
     def __init__(self, metrics: AutoscalerMetrics, open_broker: Callable[[], Broker],
-                 port: int, addr: str = "0.0.0.0") -> None:
+                 port: int, addr: str = "0.0.0.0",
+                 open_limiter: Callable[[], Limiter] | None = None) -> None:
         self.metrics = metrics
+        self._blocked = Blocked(open_limiter)  # used under _lock, as the broker is
         self._open_broker = open_broker
         self._broker: Broker | None = None
         self._lock = threading.Lock()
@@ -73,10 +79,12 @@ class MetricsServer:
                 if self._broker is None:
                     self._broker = self._open_broker()
                 depth = self._broker.depth(queue)
+                runnable = self._blocked.ready(self._broker, queue, depth.ready)
         except Exception as exc:  # any broker failure: KEDA must see an error, not a 0
             return 503, {"queue": queue, "error": f"{type(exc).__name__}: {exc}"}
         return 200, {"queue": queue, "ready": depth.ready, "in_flight": depth.in_flight,
-                     "delayed": depth.delayed, "dead": depth.dead, "active": depth.active}
+                     "delayed": depth.delayed, "dead": depth.dead,
+                     "blocked": depth.ready - runnable, "active": runnable + depth.in_flight}
 
     def close(self) -> None:
         self._server.shutdown()
@@ -84,6 +92,7 @@ class MetricsServer:
         with self._lock:
             if self._broker is not None:
                 self._broker.close()
+            self._blocked.close()
 
 
 def _handler(server: MetricsServer) -> type[BaseHTTPRequestHandler]:
