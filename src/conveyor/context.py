@@ -68,8 +68,17 @@ class TaskContext:
                    dag_id=headers.get("dag", ""), task_id=headers.get("task_id", ""),
                    logical_date=headers.get("logical_date", ""),
                    traceparent=headers.get("traceparent", ""),
-                   conf=json.loads(headers.get("conf", "{}")),
-                   upstream_values=json.loads(headers.get("upstream", "{}")))
+                   conf=_object(headers.get("conf")),
+                   upstream_values=_object(headers.get("upstream")))
+
+
+def _object(text: str | None) -> dict[str, Any]:
+    """A JSON object header; absent or "{}" (most tasks) without the JSON decoder, whose
+    first use in a fresh runner costs it ~0.1 ms of copy-on-write faults."""
+    if not text or text == "{}":
+        return {}
+    value: dict[str, Any] = json.loads(text)
+    return value
 
 
 class CurrentContext:

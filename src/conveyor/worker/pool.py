@@ -192,7 +192,7 @@ class Pool:
             runner.last_line = ""
             runner.tail.clear()
             try:
-                frames.send(runner.channel, frame)
+                frames.send_task(runner.channel, frame)
             except OSError:
                 runner.task = None
                 raise

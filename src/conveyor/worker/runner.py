@@ -50,7 +50,7 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
         _prepare(channel, output_fd)
         init_failure = _process_init(config)
         for _ in range(config.max_tasks):
-            frame = frames.recv(channel)
+            frame = frames.recv_task(channel)
             if frame is None:
                 break
             _set_oom_score_adj(0)  # the task is now the one the OOM killer should pick
