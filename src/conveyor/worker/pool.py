@@ -29,7 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from conveyor.errors import ConfigError
@@ -464,8 +463,10 @@ def _kill_leftovers(lane: Lane, runners: set[int]) -> None:
 
 
 def _parent_of(pid: int) -> int:
+    """Its parent's pid. Read for 3 tasks in 4 (strace): a lane forks the next runner as the
+    last one exits, usually before the supervisor has heard of it."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = read_text(f"/proc/{pid}/stat")
     except OSError:
         return 0
     return int(stat.rsplit(")", 1)[1].split()[1])
