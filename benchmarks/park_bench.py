@@ -11,6 +11,10 @@ message parked until the limiter holds every one of them parked, and the CPU the
 used meanwhile (their /proc times), per parked message. Each round runs the `--old` source
 tree (before batch parking: one park per claim) and this tree's, interleaved, so a busy
 machine skews both alike; the load average is printed with every line.
+
+The limiter's store is read through this tree's code: compare Redis only against a tree
+with the same key layout (6d87df9 moved it under `<prefix>:{limits}:`; an older worker's
+parks are then not seen, and the round stops after 300 s saying so).
 """
 
 from __future__ import annotations
