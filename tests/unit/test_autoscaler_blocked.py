@@ -44,6 +44,14 @@ def test_beyond_the_sample_its_runnable_share_is_assumed() -> None:
     assert runnable(sample, 10_000, {"acme": used("acme", 2, 2)}) == 5_000
 
 
+def test_beyond_the_sample_a_key_gives_no_more_than_its_room() -> None:
+    assert runnable([c("acme")] * 1_000, 10_000, {}) == 2
+    sample = [c("acme", mx=1_500)] * 1_000
+    assert runnable(sample, 10_000, {}) == 1_500
+    mixed = [c("acme")] * 900 + [[]] * 100
+    assert runnable(mixed, 10_000, {"acme": used("acme", 2, 2)}) == 100 + 900
+
+
 def test_the_header_is_read_without_the_codec_s_key() -> None:
     specs = resolve(None, [Limit("tenant:acme", max=2), Rate("api", per_second=5)], (), {})
     message = Message(queue="q", task="t", headers={"limits": encode(specs)})

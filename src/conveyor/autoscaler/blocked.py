@@ -7,7 +7,8 @@ queue with ready messages the autoscaler reads the head of the queue (`Broker.pe
 `SAMPLE` messages) and the limits each carries (one header), and with the limiter's usage
 counts what could start now: per key no more than its free capacity, min(waiting, max -
 in use), a message with several keys only while all have room. Beyond the sample, the
-sample's runnable share is assumed. Messages without limits all count, and so does every
+sample's share of unlimited messages is assumed, and of limited ones no more than the room
+their keys have left. Messages without limits all count, and so does every
 ready message of a transport that cannot look without taking (RabbitMQ, kombu) or when the
 limiter cannot be read (logged once): never fewer workers for a limit it cannot see.
 
@@ -43,12 +44,17 @@ def limits_in(body: bytes) -> list[Spec]:
 
 def runnable(sample: Sequence[Sequence[Spec]], ready: int, usage: Mapping[str, Usage]) -> int:
     """Of `ready` messages whose head is `sample` (each message's concurrency limits), how
-    many could start now, given each key's usage (a key the store has not seen is free)."""
+    many could start now, given each key's usage (a key the store has not seen is free).
+
+    Beyond the sample, messages without limits are assumed at the sample's share of them,
+    and limited ones at most the room their keys still have after the sample: 10,000
+    messages of one key with max=2 are 2 that could start, not 10,000 x 2 / 1,000."""
     if not sample:
         return ready
     free: dict[str, int] = {}
-    count = 0
+    count = unlimited = 0
     for specs in sample:
+        unlimited += not specs
         for s in specs:
             if s.key not in free:
                 u = usage.get(s.key)
@@ -58,9 +64,12 @@ def runnable(sample: Sequence[Sequence[Spec]], ready: int, usage: Mapping[str, U
             count += 1
             for s in specs:
                 free[s.key] -= s.weight
-    if len(sample) >= ready:
+    rest = ready - len(sample)
+    if rest <= 0:
         return count
-    return round(ready * count / len(sample))
+    limited = rest * (len(sample) - unlimited) // len(sample)
+    room = sum(max(0, left) for left in free.values())
+    return count + round(rest * unlimited / len(sample)) + min(limited, room)
 
 
 class Blocked:
