@@ -251,6 +251,45 @@ def test_drain_timeout_requeues_without_spending_retries(broker: Broker, sqlite_
     assert Codec().decode(delivery.body).attempt == 1 and delivery.delivery_count == 2
 
 
+def test_a_drain_gives_back_a_task_still_waiting_for_a_runner(broker: Broker,
+                                                              sqlite_url: str, q: str) -> None:
+    """A delivery accepted while its slot had no runner yet never started: a drain gives it
+    back at once. (The worker used to wait for it to start, which a drain forbids: hung.)
+    The lane is stopped after forking its two runners ahead, so the third task waits."""
+    worker = start_worker(sqlite_url, q, "--concurrency=1", burst=False)
+    try:
+        lane = wait_for(lambda: _lane_with_runners(worker.pid, 2), 30,
+                        "the lane's two runners forked ahead")
+        os.kill(lane, signal.SIGSTOP)  # it forks no third runner
+        for _ in range(3):
+            enqueue(broker, task_message("t.add", q, 1, 1, reply_to=q + "-r"))
+        wait_event(broker, q + "-r", "succeeded")
+        wait_event(broker, q + "-r", "succeeded")
+        wait_for(lambda: broker.depth(q) == Depth(0, 1, 0, 0), 30,
+                 "the third task taken, waiting for a runner")
+        stop(worker)
+        out = finish(worker, timeout=20)
+    finally:
+        stop(worker, signal.SIGKILL)
+    assert worker.returncode == 0, out
+    assert "started" not in [e.kind for e in events(broker, q + "-r")], out
+    assert broker.depth(q) == Depth(1, 0, 0, 0)
+
+
+def _lane_with_runners(worker: int, count: int) -> int | None:
+    """The pid of the worker's only lane once it has `count` children (its runners)."""
+    [zygote] = _children(worker) or [0]
+    lanes = _children(zygote) if zygote else []
+    return lanes[0] if len(lanes) == 1 and len(_children(lanes[0])) == count else None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def test_second_signal_is_a_cold_shutdown(broker: Broker, sqlite_url: str, q: str) -> None:
     enqueue(broker, task_message("t.sleep", q, 60, reply_to=q + "-r"))
     worker = start_worker(sqlite_url, q, "--drain-timeout=60", burst=False)

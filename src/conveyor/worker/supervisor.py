@@ -201,10 +201,12 @@ class Supervisor:
             self.broker.wakeup()
 
     def _done(self, last: Delivery | None) -> bool:
-        if self.running or self.pending or self.spare:
+        if self.running:
             return False
         if self.draining_since is not None:
-            return True
+            return True  # what is pending or spare never started: `_stop` gives it back
+        if self.pending or self.spare:
+            return False
         if not self.config.burst or last is not None:
             return False
         # in flight elsewhere counts: a crashed worker's lease may expire into our hands
