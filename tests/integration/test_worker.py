@@ -276,6 +276,24 @@ def test_a_drain_gives_back_a_task_still_waiting_for_a_runner(broker: Broker,
     assert broker.depth(q) == Depth(1, 0, 0, 0)
 
 
+def test_a_worker_that_cannot_start_leaves_no_zygote_behind(sqlite_url: str, q: str) -> None:
+    """The zygote is started first thing, beside the apps' import: when the worker then
+    fails (an --app that does not import), it stops the zygote too."""
+    missing = f"missing_{q.replace('-', '_')}"
+    worker = start_worker(sqlite_url, q, f"--app={missing}")
+    out = finish(worker, timeout=30)
+    assert worker.returncode != 0 and f"cannot import --app module {missing!r}" in out, out
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                and missing.encode() in _cmdline(p)], "a zygote outlived its worker"
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _lane_with_runners(worker: int, count: int) -> int | None:
     """The pid of the worker's only lane once it has `count` children (its runners)."""
     [zygote] = _children(worker) or [0]

@@ -33,8 +33,9 @@ from conveyor.config import (
 from conveyor.errors import ConfigError
 from conveyor.limits import Limiter
 from conveyor.results.base import ResultStore
-from conveyor.worker.isolation import make_non_dumpable, resolve_task_user
+from conveyor.worker.isolation import make_non_dumpable, resolve_task_user, scrub_environment
 from conveyor.worker.metrics import WorkerMetrics, metrics_for
+from conveyor.worker.pool import Zygote, spawn_zygote
 from conveyor.worker.registry import Registry, state_url_for
 from conveyor.worker.results import ResultKeeper
 from conveyor.worker.supervisor import READ_AHEAD, Supervisor, WorkerConfig
@@ -136,6 +137,19 @@ def run_worker(args: argparse.Namespace) -> int:
     make_non_dumpable()  # first: a same-uid task must not read this process's environ or memory
     uid, gid = resolve_task_user(args.uid, args.gid)
     _warn_about_shape(uid)
+    # the zygote's start-up (imports, warming) overlaps the apps' import and the broker's
+    # connection here: it was half of a worker's time to its first task
+    zygote = spawn_zygote(args.app, scrub_environment(os.environ), args.max_tasks_per_child,
+                          uid, gid)
+    try:
+        return _run_worker(args, uid, gid, zygote)
+    except BaseException:
+        zygote.discard()  # stops it unless the pool has (then there is nothing left to do)
+        raise
+
+
+def _run_worker(args: argparse.Namespace, uid: int | None, gid: int | None,
+                zygote: Zygote) -> int:
     sys.path.insert(0, os.getcwd())
     for module in args.app:
         _import_app(module)
@@ -159,7 +173,8 @@ def run_worker(args: argparse.Namespace) -> int:
                                                      broker.weaker_guarantees)
     metrics = metrics_for(config.metrics_port)
     supervisor = Supervisor(config, broker, settings.codec(), metrics,
-                            results=_result_keeper(settings), limiter=_limiter(settings))
+                            results=_result_keeper(settings), limiter=_limiter(settings),
+                            zygote=zygote)
     if isinstance(metrics, WorkerMetrics):
         metrics.serve(config.metrics_port)
     registry = _register(settings, supervisor)

@@ -92,12 +92,62 @@ class Lane:
     limit: int | None = None  # the cap written for its last task (cgroups keep it)
 
 
+@dataclass(eq=False)
+class Zygote:
+    """A zygote process started by `spawn_zygote`, not yet known to be ready."""
+
+    proc: subprocess.Popen[bytes]
+    control: socket.socket
+
+    def discard(self) -> None:
+        """Stop a zygote no pool took (the worker failed to start): it exits when its
+        control socket closes."""
+        self.control.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def spawn_zygote(apps: list[str] | tuple[str, ...], env: Mapping[str, str], max_tasks: int,
+                 uid: int | None = None, gid: int | None = None) -> Zygote:
+    """Start the zygote (a fresh interpreter importing `apps`) without waiting for it.
+
+    Its start-up, a few hundred milliseconds of imports and warming, is most of a worker's;
+    started before the supervisor imports the apps and connects to the broker, the two
+    overlap. `Pool` waits for its ready frame."""
+    ours, theirs = frames.pair()
+    argv = [sys.executable, "-m", "conveyor.worker.zygote",
+            "--control-fd", str(theirs.fileno()), "--max-tasks", str(max_tasks)]
+    argv += [f"--app={app}" for app in apps]
+    argv += [f"--uid={uid}"] if uid is not None else []
+    argv += [f"--gid={gid}"] if gid is not None else []
+    try:
+        proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=dict(env),
+                                stderr=subprocess.PIPE)
+    except OSError as exc:
+        ours.close()
+        raise ConfigError(f"cannot start the runner zygote with {sys.executable}: "
+                          f"{exc.strerror} (uid {os.getuid()}); the worker's Python must "
+                          f"be executable by the user the worker runs as") from None
+    finally:
+        theirs.close()
+    return Zygote(proc, ours)
+
+
 class Pool:
     """Keeps runners forked ahead in every lane and tells the supervisor when runs finish."""
 
     def __init__(self, apps: list[str], env: Mapping[str, str], on_change: Callable[[], None],
                  limiter: Any, max_tasks_per_child: int = 1, uid: int | None = None,
-                 gid: int | None = None, lanes: int = 1, warm: int = 2) -> None:
+                 gid: int | None = None, lanes: int = 1, warm: int = 2,
+                 zygote: Zygote | None = None) -> None:
+        """`zygote`: one `spawn_zygote` started earlier with the same apps, environment,
+        tasks per child and user (the worker starts it first thing, so its start-up
+        overlaps the supervisor's own); by default one is started here."""
         self.on_change = on_change
         self.limiter = limiter
         self.max_tasks = max_tasks_per_child
@@ -109,7 +159,8 @@ class Pool:
         self.failure: str | None = None
         self._by_pid: dict[int, Runner] = {}
         self._wanted = False  # take() found no runner: tell the supervisor when one is born
-        self._zygote, self._control = self._start_zygote(apps, env, uid, gid)
+        self._zygote, self._control = self._await_zygote(
+            zygote or spawn_zygote(apps, env, max_tasks_per_child, uid, gid))
         self.lanes = [self._open_lane(i) for i in range(lanes)]
         self._watcher = threading.Thread(target=self._watch, name="runner-watcher", daemon=True)
         self._watcher.start()
@@ -118,24 +169,10 @@ class Pool:
 
     # -- the zygote and its lanes ----------------------------------------------------------
 
-    def _start_zygote(self, apps: list[str], env: Mapping[str, str], uid: int | None,
-                      gid: int | None) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        ours, theirs = frames.pair()
-        argv = [sys.executable, "-m", "conveyor.worker.zygote",
-                "--control-fd", str(theirs.fileno()), "--max-tasks", str(self.max_tasks)]
-        argv += [f"--app={app}" for app in apps]
-        argv += [f"--uid={uid}"] if uid is not None else []
-        argv += [f"--gid={gid}"] if gid is not None else []
-        try:
-            proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=dict(env),
-                                    stderr=subprocess.PIPE)
-        except OSError as exc:
-            ours.close()
-            theirs.close()
-            raise ConfigError(f"cannot start the runner zygote with {sys.executable}: "
-                              f"{exc.strerror} (uid {os.getuid()}); the worker's Python must "
-                              f"be executable by the user the worker runs as") from None
-        theirs.close()
+    @staticmethod
+    def _await_zygote(zygote: Zygote) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """Wait for the zygote's ready frame; say why it failed to start if it did not."""
+        proc, ours = zygote.proc, zygote.control
         ready = _expect_ready(ours)
         if ready is None:
             proc.wait(10)

@@ -49,7 +49,7 @@ from conveyor.worker.outcome import (
     decide,
     over_delivery_cap,
 )
-from conveyor.worker.pool import Pool, Runner
+from conveyor.worker.pool import Pool, Runner, Zygote
 from conveyor.worker.results import ResultKeeper, wanted
 
 log = logging.getLogger("conveyor.worker")
@@ -114,7 +114,8 @@ class Run:
 class Supervisor:
     def __init__(self, config: WorkerConfig, broker: Broker, codec: Codec,
                  metrics: Metrics | None = None, results: ResultKeeper | None = None,
-                 limiter: Callable[[], Limiter] | None = None) -> None:
+                 limiter: Callable[[], Limiter] | None = None,
+                 zygote: Zygote | None = None) -> None:
         self.config = config
         self.results = results
         self.broker = broker
@@ -142,7 +143,7 @@ class Supervisor:
         self._consuming = False
         self.pool = Pool(list(config.apps), scrub_environment(os.environ), self._on_pool_change,
                          self.limiter, config.max_tasks_per_child, config.uid, config.gid,
-                         lanes=config.concurrency)
+                         lanes=config.concurrency, zygote=zygote)
 
     # -- the loop -------------------------------------------------------------------------
 
