@@ -33,7 +33,10 @@ separate runs (each ratio is from one run):
 
 After the worker's RabbitMQ read-ahead (one delivery beyond its slots, acks sent at once),
 1,000 tasks, two runs, load average 9-12: RabbitMQ reuse 0.87, 0.87 (Celery 99/s, 103/s;
-intake 86/s, 89/s); RabbitMQ fresh runner per task 0.16, 0.19.
+intake 86/s, 89/s); RabbitMQ fresh runner per task 0.16, 0.19. With the worker's read-ahead
+of 8 and the zygote started beside the supervisor, 1,500 tasks, two runs, load average ~1:
+RabbitMQ reuse 1.04, 1.05 (Celery 704/s, 706/s; intake 728/s, 739/s); fresh runner per task
+0.34, 0.34 (237/s, 238/s).
 
 What the intake itself costs, `--native` (RabbitMQ, one run): intake 38/s and 230/s, native
 Conveyor (its own producer and worker, same broker) 37/s and 244/s, Celery 366/s; intake ÷
