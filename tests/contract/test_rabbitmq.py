@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 
-from conveyor.broker import Depth, Publication
+from conveyor.broker import Delivery, Depth, Publication
 from conveyor.broker.rabbitmq import (
     DELAY_LEVELS,
     DELAY_UNIT_MS,
@@ -423,6 +423,98 @@ def test_reading_ahead_hands_out_no_more_than_prefetch_and_gives_the_rest_back(
     other.ack(back)
     for delivery in (held[1], third):
         worker.ack(delivery)
+
+
+def test_a_batch_claim_streams_in_order_and_rejects_nothing(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """claim_more above a few messages uses a consumer of its own (`_stream`), cancelled
+    once its credit is used: nothing is rejected back (a quorum queue would count that
+    toward its delivery limit), and the cancelled consumer's deliveries stay ours to ack."""
+    worker = open_broker()
+    worker.publish_many([Publication(queue, str(i).encode()) for i in range(41)])
+    steps = worker.consume([queue], prefetch=1, timeout=5, ahead=2)
+    held = next(steps)
+    assert held is not None and held.body == b"0"
+    batch = worker.claim_more([queue], 30)
+    assert [int(d.body) for d in batch] == list(range(3, 33))  # 1 and 2 are read ahead
+    assert {d.receipt.consumer for d in batch} - {None} and \
+        all(not d.receipt.consumer.startswith("get ") for d in batch), "not streamed"
+    rest = worker.claim_more([queue], 30)
+    assert [int(d.body) for d in rest] == list(range(33, 41))
+    assert {d.delivery_count for d in [held, *batch, *rest]} == {1}
+    assert worker.ack_many([held, *batch, *rest]) == []
+    assert worker.depth(queue) == Depth(2, 0, 0, 0)  # the two read ahead
+
+
+def test_batch_claims_racing_for_one_queue_take_each_message_once_and_none_is_lost(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """Two consumers' batches share a queue, so each gets part of what the ready count
+    promised and stops early (`_taken_by_others`); what one closes unacked comes back."""
+    one, two, after = open_broker(), open_broker(), open_broker()
+    one.publish_many([Publication(queue, str(i).encode()) for i in range(200)])
+    steps = [b.consume([queue], prefetch=1, timeout=5) for b in (one, two)]
+    firsts = [next(s) for s in steps]
+    taken: dict[RabbitMQBroker, list[Delivery]] = {one: [], two: []}
+    while True:
+        got = [(b, b.claim_more([queue], 150)) for b in (one, two)]
+        for b, batch in got:
+            taken[b] += batch
+        if not any(batch for _, batch in got):
+            break
+    bodies = [d.body for d in [*firsts, *taken[one], *taken[two]] if d is not None]
+    assert sorted(bodies) == sorted(str(i).encode() for i in range(200))
+    assert {d.delivery_count for d in taken[one] + taken[two]} == {1}
+    assert two.ack_many([d for d in [firsts[1], *taken[two]] if d is not None]) == []
+    two.close()  # else its consumer, free again, takes some of what comes back
+    one.close()  # its held batch was never acked: RabbitMQ redelivers it
+    back = after.consume([queue], prefetch=500, timeout=5)
+    again = [next(back) for _ in range(1 + len(taken[one]))]
+    assert sorted(d.body for d in again if d is not None) == sorted(
+        d.body for d in [firsts[0], *taken[one]] if d is not None)
+    assert after.ack_many([d for d in again if d is not None]) == []
+
+
+def test_a_batch_whose_messages_another_consumer_takes_stops_early_and_loses_none(
+        open_broker: Callable[..., RabbitMQBroker], queue: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ready count promised 150, but a rival consumer freed its window right after it
+    was read and RabbitMQ pushes it part of them: the batch stops once nothing more comes
+    and the queue is empty (not at its deadline), each message went to exactly one of
+    them, and nothing was rejected back (every delivery count is 1)."""
+    worker = open_broker()
+    worker.publish_many([Publication(queue, str(i).encode()) for i in range(300)])
+    rival = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        channel = rival.channel()
+        channel.basic_qos(prefetch_count=100)
+        rivals: list[tuple[int, bytes]] = []
+        channel.basic_consume(queue, lambda ch, m, p, body: rivals.append(
+            (m.delivery_tag, body)))
+        wait_for(lambda: rival.process_data_events(0.05) or len(rivals) == 100, timeout=10)
+        steps = worker.consume([queue], prefetch=1, timeout=5)
+        held = next(steps)
+        assert held is not None
+        passive, freed = worker._passive, []
+
+        def passive_then_rival_acks(name: str) -> tuple[int, int] | None:
+            counts = passive(name)
+            if not freed:
+                freed.append(rivals[-1][0])
+                channel.basic_ack(rivals[-1][0], multiple=True)  # its window is free again
+            return counts
+        monkeypatch.setattr(worker, "_passive", passive_then_rival_acks)
+        batch = worker.claim_more([queue], 150)
+        rival.process_data_events(0.5)
+        assert 0 < len(batch) < 150, "the rival took none of the batch: nothing was raced"
+        assert {d.delivery_count for d in [held, *batch]} == {1}
+        ours = [held.body, *(d.body for d in batch)]
+        theirs = [body for _, body in rivals]
+        assert sorted(ours + theirs) == sorted(str(i).encode() for i in range(300))
+        assert worker.ack_many([held, *batch]) == []
+        if rivals[-1][0] > freed[0]:
+            channel.basic_ack(rivals[-1][0], multiple=True)
+    finally:
+        rival.close()
 
 
 def test_an_earlier_queue_nobody_pushed_from_is_checked_with_basic_get(

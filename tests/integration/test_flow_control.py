@@ -235,12 +235,12 @@ def test_one_task_of_key_b_starts_within_a_task_duration_behind_a_backlog_of_key
     # under load (the test used a 15 s task then); without parking, B would wait behind 500
     # rounds of 2 tasks. Measured (B's start after its publish): SQLite, Redis, Postgres
     # 0.003-0.4 s alone, up to 1.4 s with the suite running beside it at a load average of
-    # 10, so a 2 s task. RabbitMQ takes a batch by basic.get, one round trip each (1.4 ms on
-    # an idle quorum queue here, 2.5-6 ms at a load average of 12: benchmarks/park_bench.py):
-    # 1.2-5.4 s there at a load average of 6-13, so a 10 s task. kombu gets one message at a
-    # time too (0.2-0.6 s on kombu+redis); its publish_many confirms each message, so there
-    # much of the backlog is parked by the time B is published: still 1,000 A ahead of it.
-    duration = 10.0 if url.startswith("amqp") else 2.0
+    # 10; RabbitMQ, whose batches stream through a consumer of their own (broker.py
+    # `_stream`), 0.4-0.5 s at a load average of 12-15 (1.1-5.4 s when they were basic.gets,
+    # one round trip each). kombu gets one message at a time (0.2-0.6 s on kombu+redis); its
+    # publish_many confirms each message, so there much of the backlog is parked by the time
+    # B is published: still 1,000 A ahead of it. So a 2 s task everywhere.
+    duration = 2.0
     ledger, codec = tmp_path / "ledger", Codec()
     backlog = [flow_tasks.tenant_job.message(("a", str(ledger), duration), queue=unique)
                for _ in range(1000)]
