@@ -282,7 +282,9 @@ def test_celery_intake_rejections_show_up_without_naming_their_queue(
     state = f"sqlite:///{clean_env}/s.db"
     flags = ["--broker", broker_url, "--state", state]
     app = producer(REDIS_URL, REDIS_URL, celery_queue)
-    worker = start_worker(broker_url, "default", f"--celery-queues={celery_queue}",
+    # its own work queue: "default" on the shared RabbitMQ would outlive the test (the
+    # cleanup deletes only names holding `unique`) and clash with anyone else's "default"
+    worker = start_worker(broker_url, f"q-{unique}", f"--celery-queues={celery_queue}",
                           f"--celery-broker={REDIS_URL}", burst=False,
                           env=worker_env(broker_url, CONVEYOR_STATE_URL=state))
     try:

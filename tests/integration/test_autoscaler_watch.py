@@ -40,7 +40,7 @@ def open_broker(request: pytest.FixtureRequest, tmp_path: Path,
     yield make
     for broker in opened:
         broker.close()
-    clean_transport(request.param.removeprefix("kombu+"), unique)
+    clean_transport(request.param, unique)
 
 
 @pytest.fixture

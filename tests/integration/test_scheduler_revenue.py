@@ -12,16 +12,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from conveyor import broker as brokers
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.daemon import build
 from conveyor.scheduler.examples import revenue
 from conveyor.scheduler.runs import trigger
-from tests.conftest import POSTGRES_URL, delete_redis_prefix, require_service
+from tests.conftest import clean_transport, require_service
 from tests.contract.conftest import ENABLED, TRANSPORTS
 from tests.support import run_to_end, spawn, stop
 
@@ -35,15 +32,9 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path, unique: str) -> I
         require_service(service)
     url = make_url(tmp_path, unique)
     yield url
-    with brokers.from_url(url) as broker:
-        for queue in (f"work-{unique}", f"events-{unique}", f"control-{unique}"):
-            broker.purge(queue)
-    if service == "postgres":
-        with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                sql.Identifier(unique)))
-    if service == "redis":
-        delete_redis_prefix(unique)
+    # delete, not purge: a purged queue stays on the shared server (RabbitMQ's quorum
+    # queues hold file descriptors there); every name this test made holds `unique`
+    clean_transport(request.param, unique)
 
 
 
