@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,10 +71,16 @@ def root_logging_restored() -> Iterator[None]:
     root.setLevel(level)
 
 
+#: Every `unique` name this process handed out: the end-of-run check looks for these only.
+ISSUED: set[str] = set()
+
+
 @pytest.fixture
 def unique() -> str:
     """A short name no other test (or test run) uses: for queues, schemas, keys."""
-    return "t" + uuid.uuid4().hex[:12]
+    name = "t" + uuid.uuid4().hex[:12]
+    ISSUED.add(name)
+    return name
 
 
 def drop_postgres_schema(name: str) -> None:
@@ -108,30 +115,33 @@ def delete_redis_prefix(prefix: str) -> None:
         client.close()
 
 
+def rabbitmq_management(method: str, path: str, timeout: float = 30) -> object:
+    """One call to RabbitMQ's management API (guest), its JSON answer decoded."""
+    import base64
+    import json
+    import urllib.request
+
+    auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+    request = urllib.request.Request(f"{RABBITMQ_MANAGEMENT}{path}", method=method,
+                                     headers=auth)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read() or b"null")
+
+
 def delete_rabbitmq_queues(name: str) -> None:
     """Delete every queue whose name holds a test's unique name (its dead-letter and delay
     queues too) through the management API: purging leaves quorum queues behind, and each
     one holds file descriptors on the shared server until it runs out of them."""
-    import base64
-    import json
     import urllib.parse
-    import urllib.request
-
-    auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
-
-    def call(method: str, path: str) -> object:
-        request = urllib.request.Request(f"{RABBITMQ_MANAGEMENT}{path}", method=method,
-                                         headers=auth)
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"null")
 
     try:
-        queues = call("GET", "/api/queues/%2F?columns=name")
+        queues = rabbitmq_management("GET", "/api/queues/%2F?columns=name")
     except OSError:
         return  # no management API: nothing we can list
     for queue in queues if isinstance(queues, list) else []:
         if name in queue["name"]:
-            call("DELETE", "/api/queues/%2F/" + urllib.parse.quote(queue["name"], safe=""))
+            rabbitmq_management("DELETE",
+                                "/api/queues/%2F/" + urllib.parse.quote(queue["name"], safe=""))
 
 
 def clean_transport(transport: str, name: str) -> None:
@@ -142,3 +152,54 @@ def clean_transport(transport: str, name: str) -> None:
         delete_redis_prefix(name)
     elif transport in ("rabbitmq", "kombu+amqp"):
         delete_rabbitmq_queues(name)
+
+
+UNIQUE_IN = re.compile(r"t[0-9a-f]{12}")
+
+
+def leftover_rabbitmq_queues(issued: set[str]) -> list[str]:
+    """The RabbitMQ queues whose names hold one of `issued` (this run's unique names).
+
+    Only names this run made count: other engineers and CI use the same server at the same
+    time, so a queue named otherwise (even `default`) proves nothing about this run. One
+    GET with a 1 s timeout; an unreachable management API reports nothing."""
+    if not issued:
+        return []
+    import http.client
+    try:
+        queues = rabbitmq_management("GET", "/api/queues/%2F?columns=name", timeout=1)
+    except (OSError, ValueError, http.client.HTTPException):
+        return []  # no (or no sane) management API: the check is a help, never a failure
+    names = [q["name"] for q in queues] if isinstance(queues, list) else []
+    return sorted(n for n in names if issued.intersection(UNIQUE_IN.findall(n)))
+
+
+#: Leftover queues found by this process or reported by the xdist workers.
+LEFTOVERS: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Look for the queues this process's tests left on RabbitMQ; under xdist each worker
+    hands its list to the controller (workeroutput), which prints them all."""
+    left = leftover_rabbitmq_queues(ISSUED)
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["leftover_queues"] = left
+    else:
+        LEFTOVERS.extend(left)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """xdist (controller): collect what a worker found when it finished."""
+    LEFTOVERS.extend(getattr(node, "workeroutput", {}).get("leftover_queues", []))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name the queues this run's tests left on the shared RabbitMQ: each is a test whose
+    cleanup misses a name (fix that test; the queue itself can go with
+    `rabbitmqctl delete_queue NAME`)."""
+    if LEFTOVERS:
+        terminalreporter.section("queues this run left on RabbitMQ", yellow=True)
+        for name in sorted(LEFTOVERS):
+            terminalreporter.write_line(name)
