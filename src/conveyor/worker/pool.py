@@ -215,7 +215,7 @@ class Pool:
         lane = runner.lane
         assert lane is not None
         if lane.oom_baseline is None:  # else: read when its last task ended
-            lane.oom_baseline = lane.slot.outcome().oom_kills or 0
+            lane.oom_baseline = lane.slot.oom_kills() or 0
         if lane.slot.path is None:
             lane.slot.set_limit(memory_limit)
             lane.slot.admit(runner.pid)  # the rlimit fallback caps the process itself
@@ -252,7 +252,7 @@ class Pool:
         """
         lane = runner.lane
         assert lane is not None
-        baseline, lane.oom_baseline = lane.oom_baseline, lane.slot.outcome().oom_kills or 0
+        baseline, lane.oom_baseline = lane.oom_baseline, lane.slot.oom_kills() or 0
         return lane.oom_baseline > (baseline or 0)
 
     def release(self, runner: Runner) -> None:
@@ -268,10 +268,9 @@ class Pool:
         _kill_leftovers(lane, ours)
         if runner.exited:
             _close(runner)
-        elif runner.tasks_done < self.max_tasks:
-            with self._lock:
+        with self._lock:  # one hand-off to the watcher per task, not two
+            if not runner.exited and runner.tasks_done < self.max_tasks:
                 lane.idle.appendleft(runner)
-        with self._lock:
             lane.busy = None
 
     def abandon(self, runner: Runner) -> None:

@@ -91,6 +91,16 @@ def _keyed(path: Path) -> dict[str, int]:
     return values
 
 
+def _counter(path: str, key: str) -> int | None:
+    """One counter of a 'key value' file (memory.events), None if the file lacks it."""
+    prefix = key + " "
+    for line in read_text(path).splitlines():
+        if line.startswith(prefix):
+            value = line[len(prefix):].strip()
+            return int(value) if value.isdigit() else None
+    return None
+
+
 def _int_or_none(path: Path) -> int | None:
     try:
         return int(read_text(path))
@@ -201,6 +211,13 @@ class Slot:
     def outcome(self) -> SlotOutcome:
         """The kernel's record of this task: OOM kills and peak memory."""
         raise NotImplementedError
+
+    def oom_kills(self) -> int | None:
+        """The kernel's OOM-kill counter of this slot alone (None where it keeps none).
+
+        What the pool reads after every task to tell an OOM kill: `outcome()` also reads
+        the peak-memory file, one more open/read/close that nothing on that path needs."""
+        return self.outcome().oom_kills
 
     def usage(self) -> int | None:
         """Bytes of memory charged to this slot now (what its cap is held against), or None

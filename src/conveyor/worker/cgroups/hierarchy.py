@@ -18,6 +18,7 @@ from conveyor.worker.cgroups.base import (
     SlotOutcome,
     _alive,
     _check_limit,
+    _counter,
     _int_or_none,
     _kill_until_empty,
     _pids,
@@ -139,12 +140,15 @@ class _CgroupSlot(Slot):
 
     #: the file holding the memory charged to the cgroup now
     usage_file = ""
+    #: the 'key value' file holding the OOM-kill counter, and its key
+    oom_file, oom_key = "", "oom_kill"
 
     def __init__(self, path: Path, name: str, memory_limit: int,
                  forget: Callable[[str], None], home: Path | None) -> None:
         super().__init__(name, memory_limit, forget)
         self.path = path
         self._procs = str(path / "cgroup.procs")  # precomputed: enter() is on the fork path
+        self._oom = str(path / self.oom_file)  # precomputed: read after every task
         self._home = home
         self._admitted: int | None = None
         self._final: SlotOutcome | None = None
@@ -197,6 +201,15 @@ class _CgroupSlot(Slot):
             return self._read_outcome(self.path)
         except OSError as exc:
             raise CgroupError(f"could not read the memory counters of {self.path}: "
+                              f"{exc.strerror}") from exc
+
+    def oom_kills(self) -> int | None:
+        if self._final is not None:
+            return self._final.oom_kills
+        try:
+            return _counter(self._oom, self.oom_key)
+        except OSError as exc:
+            raise CgroupError(f"could not read the OOM counter of {self.path}: "
                               f"{exc.strerror}") from exc
 
     def usage(self) -> int | None:

@@ -29,6 +29,7 @@ log = logging.getLogger("conveyor.worker.cgroups")
 class _Cgroup1Slot(_CgroupSlot):
     kind = "cgroup1"
     usage_file = "memory.usage_in_bytes"
+    oom_file = "memory.oom_control"
 
     def configure(self) -> None:
         """OOM killer on (v1 children inherit oom_kill_disable), memory cap, then memsw.

@@ -33,6 +33,7 @@ from conveyor.worker.cgroups.hierarchy import (
 class _Cgroup2Slot(_CgroupSlot):
     kind = "cgroup2"
     usage_file = "memory.current"
+    oom_file = "memory.events"
 
     def configure(self) -> None:
         """memory.max, then no swap (a cap that swaps is no cap), then group OOM kills."""
