@@ -355,6 +355,7 @@ class Pool:
     def _on_spawned(self, lane: Lane, pid: int, fds: list[int]) -> None:
         pidfd, channel_fd, output = fds
         channel = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, channel_fd)
+        os.set_blocking(output, False)  # only ever read here, after a wake-up or a report
         with self._lock:  # one step, so release() never sees it neither idle nor known
             runner = Runner(pid=pid, pidfd=pidfd, channel=channel, output=output, lane=lane)
             self._by_pid[pid] = runner
@@ -402,6 +403,10 @@ class Pool:
             return
         runner.report = frame
         runner.tasks_done += 1
+        if runner.tasks_done >= self.max_tasks:
+            # Its last task: it sends nothing more but exits, and `_on_exited` drains the
+            # channel anyway, so stop watching it now rather than wake up for its EOF.
+            self._unregister_one(runner.channel)
         if runner.task is not None and not runner.handed_over:
             # A run ends with its report: the runner sends nothing after it but its exit, so
             # a fresh runner's exit and reaping stay off the slot's path (the lane's next
@@ -424,7 +429,10 @@ class Pool:
             return
 
     def _on_output(self, runner: Runner) -> None:
-        data = os.read(runner.output, 65536)
+        try:
+            data = os.read(runner.output, 65536)
+        except BlockingIOError:  # drained by a report or exit in the same wake-up
+            return
         if not data:
             self._unregister_one(runner.output)
             return
@@ -435,8 +443,7 @@ class Pool:
 
     def _drain_output(self, runner: Runner) -> None:
         """Read what the runner printed before its report or exit, so no line is lost."""
-        try:
-            os.set_blocking(runner.output, False)
+        try:  # non-blocking since `_on_spawned`
             while data := os.read(runner.output, 65536):
                 runner._partial += data
         except (BlockingIOError, OSError):
