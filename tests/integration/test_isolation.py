@@ -146,9 +146,11 @@ def test_task_over_its_cap_is_oom_killed_alone_in_its_cgroup(
     outcome = rogue.outcome()
     assert outcome.oom_killed, f"its cgroup recorded no OOM kill: {outcome}"
     assert outcome.oom_kills is not None and outcome.oom_kills >= 1
+    assert rogue.oom_kills() == outcome.oom_kills  # the pool's per-task read: counter only
     assert outcome.peak_bytes is None or outcome.peak_bytes <= 64 * MiB + MiB
     assert calm_status == 0
     assert calm.outcome().oom_killed is False
+    assert calm.oom_kills() in (0, None)
     rogue.remove()
     calm.remove()
 
@@ -202,6 +204,18 @@ def test_limits_can_be_set_lowered_and_lifted(limiter: cgroups.Limiter) -> None:
         limiter.prepare("negative", -1)
 
 
+def test_an_unreadable_oom_counter_is_an_error_naming_the_cgroup(
+        limiter: cgroups.Limiter) -> None:
+    """A cgroup removed behind the worker's back: the per-task OOM check must say so, not
+    report "no OOM kill" (the supervisor would then call a killed task a success)."""
+    slot = limiter.prepare(f"gone-{uuid.uuid4().hex[:8]}", MiB)
+    assert slot.path is not None
+    os.rmdir(slot.path)
+    with pytest.raises(cgroups.CgroupError, match="could not read the OOM counter of .*gone-"):
+        slot.oom_kills()
+    slot.remove()  # already gone: logs the lost snapshot, removes nothing
+
+
 # -- cleanup ----------------------------------------------------------------------------------
 
 
@@ -233,6 +247,7 @@ def test_remove_kills_what_a_task_left_and_close_leaves_no_cgroup(
     slot.remove()
     assert not slot.path.exists()
     assert slot.outcome().oom_killed is False  # answered from the snapshot taken by remove()
+    assert slot.oom_kills() in (0, None)  # so is the counter: the cgroup is gone
 
     # a forked child calling close() must not tear down its parent's cgroups
     def close_in_child() -> int:
