@@ -20,7 +20,14 @@ from conveyor.message import Codec, Message
 from conveyor.scheduler.examples.revenue import build
 from conveyor.scheduler.runs import trigger
 from conveyor.state import store as stores
-from tests.conftest import POSTGRES_URL, RABBITMQ_URL, REDIS_URL, clean_transport, require_service
+from tests.conftest import (
+    POSTGRES_URL,
+    RABBITMQ_URL,
+    REDIS_URL,
+    clean_transport,
+    delete_redis_prefix,
+    require_service,
+)
 from tests.integration.workerkit import finish, start_worker, task_message, worker_env
 
 URLS = {"sqlite": (None, "sqlite:///{tmp}/broker.db"),
@@ -276,16 +283,16 @@ def test_celery_intake_rejections_show_up_without_naming_their_queue(
     """A pickled Celery message is rejected by the intake of a running worker; status and
     dead-letters list find it (on celery.<queue>.rejected) with no -Q, show by its task id."""
     from tests.integration.celery_app import producer
-    from tests.integration.test_celery_intake import delete_celery_side
     require_service("redis")
     celery_queue = f"cq-{unique}"
     state = f"sqlite:///{clean_env}/s.db"
     flags = ["--broker", broker_url, "--state", state]
-    app = producer(REDIS_URL, REDIS_URL, celery_queue)
+    keyprefix = f"{unique}:"  # Celery's keys on Redis, deleted with the prefix below
+    app = producer(REDIS_URL, REDIS_URL, celery_queue, keyprefix)
     # its own work queue: "default" on the shared RabbitMQ would outlive the test (the
     # cleanup deletes only names holding `unique`) and clash with anyone else's "default"
     worker = start_worker(broker_url, f"q-{unique}", f"--celery-queues={celery_queue}",
-                          f"--celery-broker={REDIS_URL}", burst=False,
+                          f"--celery-broker={REDIS_URL}?global_keyprefix={keyprefix}", burst=False,
                           env=worker_env(broker_url, CONVEYOR_STATE_URL=state))
     try:
         pickled = app.send_task("t.add", args=(1, 2), serializer="pickle")
@@ -301,7 +308,7 @@ def test_celery_intake_rejections_show_up_without_naming_their_queue(
         worker.terminate()
         worker.communicate(timeout=60)
         app.close()
-        delete_celery_side("redis", celery_queue, [])
+        delete_redis_prefix(unique)
 
 
 def wait_for_dead_letter(capsys: pytest.CaptureFixture[str], flags: list[str], queue: str,

@@ -10,15 +10,20 @@ from __future__ import annotations
 from celery import Celery
 
 
-def producer(broker_url: str, backend_url: str, queue: str) -> Celery:
+def producer(broker_url: str, backend_url: str, queue: str, keyprefix: str = "") -> Celery:
     """A Celery app publishing JSON (Celery's default) to `queue`, results in Redis.
 
-    Its tasks are `app.tasks["t.add"]` and `app.tasks["t.fail"]`.
+    `keyprefix` (Redis broker) puts every key kombu writes under it (global_keyprefix): its
+    queue, bindings and its `unacked` hash, which without one is shared by every kombu
+    client of the database, so anyone's restore could bring a test's messages back after
+    the test deleted its queue. Its tasks are `app.tasks["t.add"]` and `app.tasks["t.fail"]`.
     """
     app = Celery("conveyor-migration-test", broker=broker_url, backend=backend_url)
     app.conf.update(task_default_queue=queue, task_serializer="json",
                     accept_content=["json"], result_serializer="json",
                     broker_connection_retry_on_startup=True, result_expires=600)
+    if keyprefix:
+        app.conf.broker_transport_options = {"global_keyprefix": keyprefix}
 
     @app.task(name="t.add", shared=False)
     def add(a: int, b: int) -> int:  # runs on Conveyor, never here

@@ -16,7 +16,9 @@ app = Celery("conveyor-reference-worker", broker=os.environ["REFERENCE_BROKER"],
 app.conf.update(task_default_queue=os.environ["REFERENCE_QUEUE"], task_serializer="json",
                 accept_content=["json"], result_serializer="json", result_expires=600,
                 worker_enable_remote_control=False, worker_send_task_events=False,
-                broker_connection_retry_on_startup=True)
+                broker_connection_retry_on_startup=True,
+                broker_transport_options={"global_keyprefix": os.environ.get(
+                    "REFERENCE_KEYPREFIX", "")})
 
 
 @app.task(name="t.key_error")

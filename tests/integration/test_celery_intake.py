@@ -53,6 +53,7 @@ class Setup:
     conveyor_url: str
     queue: str
     logs: Path
+    keyprefix: str = ""  # Celery's keys on Redis (global_keyprefix): the test's own
     task_ids: list[str] = field(default_factory=list)
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -60,7 +61,7 @@ class Setup:
         """A real `conveyor worker` taking this test's Celery queue, output to a log file."""
         log = (self.logs / f"worker{len(self.workers)}.log").open("wb")
         argv = [sys.executable, "-m", "conveyor.cli", "worker", "--queues=default",
-                f"--celery-queues={self.queue}", f"--celery-broker={self.celery_broker}",
+                f"--celery-queues={self.queue}", f"--celery-broker={self.celery_url()}",
                 f"--celery-result-backend={REDIS_URL}", f"--app={APP}",
                 "--heartbeat-interval=1", "--concurrency=2", *flags]
         proc = subprocess.Popen(argv, cwd=ROOT, env=worker_env(self.conveyor_url, **env),
@@ -68,6 +69,13 @@ class Setup:
         log.close()
         self.workers.append(proc)
         return proc
+
+    def celery_url(self, **options: object) -> str:
+        """Celery's broker URL for `--celery-broker`: with the test's key prefix, if any."""
+        if self.keyprefix:
+            options = {"global_keyprefix": self.keyprefix, **options}
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"{self.celery_broker}?{query}" if query else self.celery_broker
 
     def output(self) -> str:
         return "\n".join(p.read_text() for p in sorted(self.logs.glob("worker*.log")))
@@ -83,8 +91,9 @@ def setup(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterat
     require_service(request.param)
     celery_broker = CELERY_BROKERS[request.param]
     queue = f"cq-{unique}"
-    s = Setup(producer(celery_broker, REDIS_URL, queue), celery_broker,
-              f"{REDIS_URL}?prefix={unique}", queue, tmp_path)
+    keyprefix = f"{unique}:" if request.param == "redis" else ""  # deleted with the prefix
+    s = Setup(producer(celery_broker, REDIS_URL, queue, keyprefix), celery_broker,
+              f"{REDIS_URL}?prefix={unique}", queue, tmp_path, keyprefix)
     yield s
     for proc in s.workers:
         if proc.poll() is None:
@@ -100,7 +109,7 @@ def delete_celery_side(kind: str, queue: str, task_ids: list[str]) -> None:
     client = redis.Redis.from_url(REDIS_URL)
     try:
         client.delete(*[f"celery-task-meta-{i}" for i in task_ids], queue,
-                      f"_kombu.binding.{queue}")
+                      f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
     finally:
         client.close()
     if kind == "rabbitmq":
@@ -153,7 +162,8 @@ def reference_worker(setup: Setup) -> Iterator[str]:
     yields its queue."""
     queue = f"{setup.queue}-reference"
     env = {**os.environ, "REFERENCE_BROKER": setup.celery_broker,
-           "REFERENCE_BACKEND": REDIS_URL, "REFERENCE_QUEUE": queue}
+           "REFERENCE_BACKEND": REDIS_URL, "REFERENCE_QUEUE": queue,
+           "REFERENCE_KEYPREFIX": setup.keyprefix}
     log = (setup.logs / "reference.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.integration.celery_worker_app", "worker",
@@ -271,7 +281,7 @@ def test_kill_9_while_the_feed_moves_a_backlog_loses_nothing(setup: Setup,
         setup.app.send_task("t.record", args=(str(log), f"m{i}"), ignore_result=True)
     flags = ["--max-tasks-per-child=100"]
     if "redis" in setup.celery_broker:
-        flags.append(f"--celery-broker={setup.celery_broker}?visibility_timeout=2")
+        flags.append(f"--celery-broker={setup.celery_url(visibility_timeout=2)}")
     doomed = setup.worker(*flags)
     conveyor = from_url(setup.conveyor_url)
     try:
