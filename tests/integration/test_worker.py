@@ -24,6 +24,7 @@ from tests.integration.workerkit import (
     open_broker,
     start_worker,
     stop,
+    stop_cold,
     task_message,
     wait_event,
     worker_env,
@@ -312,16 +313,9 @@ def test_second_signal_is_a_cold_shutdown(broker: Broker, sqlite_url: str, q: st
     enqueue(broker, task_message("t.sleep", q, 60, reply_to=q + "-r"))
     worker = start_worker(sqlite_url, q, "--drain-timeout=60", burst=False)
     wait_event(broker, q + "-r", "started")
-    stop(worker)
-    assert worker.stdout is not None
-    before = []
-    for line in worker.stdout:   # the first signal is handled: it is draining (pytest's
-        before.append(line)      # timeout ends this if it never says so)
-        if "draining" in line:
-            break
-    stop(worker, signal.SIGINT)
+    before = stop_cold(worker, signal.SIGTERM, signal.SIGINT)
     started = time.monotonic()
-    out = "".join(before) + finish(worker, timeout=30)
+    out = before + finish(worker, timeout=30)
     assert time.monotonic() - started < 10, out
     assert broker.depth(q).ready == 1
     assert "killed and requeued: cold stop: a second stop signal" in out, out

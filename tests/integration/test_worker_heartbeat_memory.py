@@ -4,7 +4,6 @@ dashboard's Queues and Workers pages draw), on SQLite and Postgres state stores.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 from conveyor.state import store as stores
@@ -14,7 +13,7 @@ from tests.integration.workerkit import (
     finish,
     open_broker,
     start_worker,
-    stop,
+    stop_cold,
     task_message,
     worker_env,
 )
@@ -60,8 +59,7 @@ def test_the_heartbeat_shows_a_runners_memory_against_its_cap(tmp_path: Path, un
         assert record.runners["limiter"] in ("cgroup1", "cgroup2", "rlimit")
         assert record.busy == 1 and record.free == 1
     finally:
-        stop(worker, signal.SIGINT)
-        stop(worker, signal.SIGINT)   # a cold stop: the held task is not waited for
+        stop_cold(worker)   # the held task is not waited for
         finish(worker)
         broker.close()
     assert workers(store) == []   # a clean stop removes the row

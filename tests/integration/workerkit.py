@@ -52,6 +52,22 @@ def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> None:
         proc.send_signal(sig)
 
 
+def stop_cold(proc: subprocess.Popen[str], first: int = signal.SIGINT,
+              second: int = signal.SIGINT) -> str:
+    """A cold stop: the first signal, then, once the worker says it is draining, the second.
+    Two signals sent back to back are one: the kernel (or CPython, before its handler ran)
+    merges a signal that is still pending. Returns the output read meanwhile."""
+    stop(proc, first)
+    assert proc.stdout is not None
+    before = []
+    for line in proc.stdout:   # pytest's timeout ends this if it never says so
+        before.append(line)
+        if "draining" in line:
+            break
+    stop(proc, second)
+    return "".join(before)
+
+
 def enqueue(broker: Broker, message: Message, delay: float = 0.0,
             codec: Codec | None = None) -> Message:
     return Client(broker, codec).enqueue(message, delay).message
