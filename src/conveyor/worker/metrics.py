@@ -1,7 +1,8 @@
 """Prometheus metrics, fed by lifecycle events in one place.
 
-The supervisor does not sprinkle counters: it hands every `Event` it emits to
-`record`, and reports the state that is not an event through `runner_wait` and `load`.
+The supervisor does not sprinkle counters: it hands the kind of every lifecycle event it
+emits to `record` (the kind alone: a task nobody listens to gets no `Event` built), and
+reports the state that is not an event through `runner_wait` and `load`.
 A worker without a metrics port gets `Metrics`, which records nothing: nobody could scrape
 it, and prometheus_client (with its HTTP server) is then never imported, which keeps it out
 of the supervisor's memory.
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-
-from conveyor.events import Event
 
 OUTCOMES = ("succeeded", "failed", "oom_killed", "timed_out", "dead_lettered", "retried",
             "interrupted")
@@ -24,8 +23,9 @@ class Metrics:
     #: Whether flow-control usage (read from the limiter's store) is worth reading for it.
     wants_limits = False
 
-    def record(self, event: Event, queue: str, duration: float | None = None) -> None:
-        """A lifecycle event of a task on `queue` (and its run time, once it ended)."""
+    def record(self, kind: str, queue: str, duration: float | None = None) -> None:
+        """A lifecycle event (`Event.kind`) of a task on `queue` (and its run time, once it
+        ended)."""
 
     def runner_wait(self, seconds: float) -> None:
         """How long an accepted delivery waited for its runner to start."""
@@ -81,14 +81,14 @@ class WorkerMetrics(Metrics):
                                      "could not start: parked (key full) or delayed (rate)",
                                      ["key", "verdict"], registry=r)
 
-    def record(self, event: Event, queue: str, duration: float | None = None) -> None:
-        if event.kind == "started":
+    def record(self, kind: str, queue: str, duration: float | None = None) -> None:
+        if kind == "started":
             self.started.labels(queue).inc()
-        elif event.kind in OUTCOMES:
-            self.tasks.labels(event.kind, queue).inc()
-        if event.kind == "oom_killed":
+        elif kind in OUTCOMES:
+            self.tasks.labels(kind, queue).inc()
+        if kind == "oom_killed":
             self.oom_kills.labels(queue).inc()
-        if event.kind == "dead_lettered":
+        if kind == "dead_lettered":
             self.dead_letters.labels(queue).inc()
         if duration is not None:
             self.duration.labels(queue).observe(duration)

@@ -359,7 +359,7 @@ class Supervisor:
             if self.results is not None and wanted(message):
                 self.results.dead_lettered(message, reason)
         else:
-            self.metrics.record(Event("dead_lettered", "", "", 0, reason=reason), delivery.queue)
+            self.metrics.record("dead_lettered", delivery.queue)
         self.held.settle(f"dead-lettering a message from {delivery.queue}",
                          lambda: self.broker.dead_letter(delivery, reason))
 
@@ -485,8 +485,9 @@ class Supervisor:
         elif action.verb == "dead_letter":
             self._tell("dead_lettered", m, queue, reason=action.reason)
         level = logging.INFO if outcome.kind == "succeeded" else logging.WARNING
-        log.log(level, "%s %s in %.3fs -> %s %s", run.log_label, outcome.kind, duration,
-                action.verb, action.reason)
+        if log.isEnabledFor(level):  # its label is formatted eagerly: not for nothing
+            log.log(level, "%s %s in %.3fs -> %s %s", run.log_label, outcome.kind, duration,
+                    action.verb, action.reason)
 
     def _settle(self, run: Run, action: Action, outcome: Outcome | None) -> None:
         """Settle now, or hold it while the broker is unreachable (see worker/outage.py)."""
@@ -602,11 +603,12 @@ class Supervisor:
 
     def _tell(self, kind: str, m: Message, queue: str, duration: float | None = None,
               **fields: Any) -> None:
-        """Record an event in the metrics and publish it to the message's reply_to."""
-        event = self._event(kind, m, **fields)
-        self.metrics.record(event, queue, duration)
+        """Record an event in the metrics and publish it to the message's reply_to (built
+        only then: most tasks have no listener, and this runs twice per task)."""
+        self.metrics.record(kind, queue, duration)
         if not m.reply_to:
             return
+        event = self._event(kind, m, **fields)
         try:
             self.broker.publish(m.reply_to, event.encode())
         except ConveyorError as exc:
