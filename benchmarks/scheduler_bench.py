@@ -21,7 +21,8 @@ usage: python benchmarks/scheduler_bench.py [--brokers sqlite,redis,postgres,rab
   run of `--tasks` independent tasks, each queued -> running -> success; transitions/s.
 
 The state store is the embedded SQLite file unless `--state postgres` (fan-out only). Queues
-are unique per run and purged afterwards; Postgres schemas are dropped.
+are unique per run and deleted afterwards (purged, then RabbitMQ's queues deleted); Postgres
+schemas are dropped.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from conveyor.scheduler.runs import create_run
 from conveyor.state.store import Row, Store, from_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.*
-from tests.conftest import delete_redis_prefix  # noqa: E402
+from tests.conftest import delete_rabbitmq_queues, delete_redis_prefix  # noqa: E402
 from tests.support import (  # noqa: E402
     RecordingExecutor,
     event,
@@ -287,11 +288,15 @@ def tree_cpu_seconds(root: int) -> float:
 
 
 def cleanup(broker: str, tag: str) -> None:
-    """Drop what a transport keeps outside the queues purged: a schema, Redis keys."""
+    """Drop what a transport keeps outside the queues purged: a schema, Redis keys, and on
+    RabbitMQ the (purged) quorum queues themselves, work-/events-/replies-/control-TAG and
+    their .dead: a purged queue stays on the shared server."""
     if broker == "postgres":
         drop_schema(f"sbench{tag}")
     if broker == "redis":
         delete_redis_prefix(f"sbench{tag}")
+    if broker == "rabbitmq":
+        delete_rabbitmq_queues(f"-{tag}")
 
 
 def bench_idle(seconds: float) -> dict[str, Any]:
