@@ -16,7 +16,8 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from conveyor import sqlfiles
@@ -69,24 +70,30 @@ class SQLiteBroker(Broker):
         now = time.time()
         rows = [{"queue": p.queue, "body": p.body, "priority": p.priority,
                  "available_at": now + max(0.0, p.delay)} for p in publications]
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             self._db.executemany(Q["publish"], rows)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         self._wake.notify_all()
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
         self._wake.listen()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """`BEGIN IMMEDIATE` (the write lock at once, so two claimers never read the same
+        rows) ... `COMMIT`, or `ROLLBACK` on any error."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         lease = uuid.uuid4().hex
         now = time.time()
         claimed: list[Delivery] = []
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             for queue in queues:
                 rows = self._db.execute(Q["claim"], {
                     "queue": queue, "now": now, "lease_seconds": self.lease_seconds,
@@ -96,10 +103,6 @@ class SQLiteBroker(Broker):
                                      receipt=(r[0], lease), priority=r[4]) for r in rows]
                 if len(claimed) >= limit:
                     break
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         for delivery in claimed:
             self._leases[delivery.receipt[0]] = lease
         return claimed
@@ -132,14 +135,9 @@ class SQLiteBroker(Broker):
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """One transaction for them all (one commit instead of one per message)."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction():
             lost = [d for d in deliveries if self._db.execute(Q["ack"], {
                 "id": d.receipt[0], "lease": d.receipt[1]}).rowcount != 1]
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         for delivery in deliveries:
             self._leases.pop(delivery.receipt[0], None)
             self._settled()

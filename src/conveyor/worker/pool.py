@@ -349,8 +349,8 @@ class Pool:
             return
         if frame["op"] == "exited":
             self._on_exited(frame["pid"], frame["status"])
-        if "spawned" in frame or frame["op"] == "spawned":
-            self._on_spawned(lane, frame.get("spawned", frame["pid"]), fds)
+        if "spawned" in frame:  # a birth: alone, or with the exit it replaces
+            self._on_spawned(lane, frame["spawned"], fds)
 
     def _on_spawned(self, lane: Lane, pid: int, fds: list[int]) -> None:
         pidfd, channel_fd, output = fds

@@ -243,13 +243,9 @@ class Supervisor:
             self._reject(delivery, f"bad message: {exc}")
             return
         budget = self._budget(message)
-        capped = over_delivery_cap(delivery.delivery_count, budget)
-        if capped is not None:
-            self._reject(delivery, capped.reason, message)
-            return
-        if message.task and message.task not in REGISTRY:
-            self._reject(delivery, f"unknown task {message.task!r}: no module given with "
-                                   f"--app registers it", message)
+        why = self._unrunnable(delivery, message, budget)
+        if why is not None:
+            self._reject(delivery, why, message)
             return
         message = replace(message, deliveries=delivery.delivery_count)
         limits = self._limits_of(delivery, message)
@@ -260,6 +256,17 @@ class Supervisor:
         if tracer is not None:
             run.trace = tracer.claimed(message, delivery.queue, self.config.hostname)
         self.pending.append(run)
+
+    @staticmethod
+    def _unrunnable(delivery: Delivery, message: Message, budget: Budget) -> str | None:
+        """Why a readable delivery is dead-lettered before it runs (its delivery cap is
+        spent, or no --app registers its task); None if it may run."""
+        capped = over_delivery_cap(delivery.delivery_count, budget)
+        if capped is not None:
+            return capped.reason
+        if message.task and message.task not in REGISTRY:
+            return f"unknown task {message.task!r}: no module given with --app registers it"
+        return None
 
     def _limits_of(self, delivery: Delivery, message: Message) -> list[Spec] | None:
         """The message's limits once admitted ([] when it has none); None when it was
@@ -309,8 +316,7 @@ class Supervisor:
             specs = limits_of(message.headers)
         except (MessageError, ValueError, KeyError, TypeError):
             return None
-        if not specs or (message.task and message.task not in REGISTRY) or \
-                over_delivery_cap(delivery.delivery_count, self._budget(message)) is not None:
+        if not specs or self._unrunnable(delivery, message, self._budget(message)):
             return None
         return message, specs
 

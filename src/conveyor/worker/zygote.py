@@ -13,8 +13,8 @@ Protocol on its control socket (SOCK_SEQPACKET, JSON frames):
                         the same protocol on its control socket (pool.py says why)
   supervisor -> lane    {"op": "spawn", "count": N}: fork N runners, and from then on fork
                         a replacement for every runner that exits, at once
-  lane -> supervisor    {"op": "spawned", "pid": P} + fds [pidfd of P, P's channel, P's
-                        output pipe (read end)]
+  lane -> supervisor    {"op": "spawned", "spawned": P} + fds [pidfd of P, P's channel,
+                        P's output pipe (read end)]
   lane -> supervisor    {"op": "exited", "pid": P, "status": S[, "spawned": Q]} (raw
                         waitpid status) + fds [Q's as above] when Q replaces P
   zygote -> supervisor  {"op": "exited", "pid": P, "status": S}   (a lane died)
@@ -85,7 +85,7 @@ class Zygote:
             self.replace = True
             for _ in range(frame.get("count", 1)):
                 pid, theirs = self._spawn()
-                self._tell(b'{"op":"spawned","pid":%d}' % pid, theirs)
+                self._tell(b'{"op":"spawned","spawned":%d}' % pid, theirs)
         elif frame.get("op") == "lane" and len(fds) == 1:
             self._lane(fds[0], frame.get("cgroup_procs", ""))
         for fd in fds:
