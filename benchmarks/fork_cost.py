@@ -102,17 +102,17 @@ def collecting_child(report: int) -> None:
     gc.collect()
 
 
-def prepare_remove(limiter: cgroups.Limiter, iterations: int) -> list[float]:
+def prepare_remove(caps: cgroups.MemoryCaps, iterations: int) -> list[float]:
     values = []
     for i in range(iterations):
         start = time.perf_counter_ns()
-        limiter.prepare(f"bench-{os.getpid()}-{i}", 64 * MiB).remove()
+        caps.prepare(f"bench-{os.getpid()}-{i}", 64 * MiB).remove()
         values.append((time.perf_counter_ns() - start) / 1e6)
     return values
 
 
-def measure(limiter: cgroups.Limiter, args: argparse.Namespace) -> list[str]:
-    slot = limiter.prepare(f"bench-{os.getpid()}", args.memory_limit)
+def measure(caps: cgroups.MemoryCaps, args: argparse.Namespace) -> list[str]:
+    slot = caps.prepare(f"bench-{os.getpid()}", args.memory_limit)
     try:
         bare, _ = run(lambda report: None, args.iterations)
         isolated, (enter, non_dumpable) = run(isolated_child(slot), args.iterations, reports=2)
@@ -126,7 +126,7 @@ def measure(limiter: cgroups.Limiter, args: argparse.Namespace) -> list[str]:
             summary(f"  enter (in child), after {args.idle_gap * 1000:.0f} ms idle", enter_idle),
             summary("  non_dumpable (in child)", non_dumpable),
             summary("fork+gc.collect()+exit", collect),
-            summary("prepare+remove", prepare_remove(limiter, args.iterations))]
+            summary("prepare+remove", prepare_remove(caps, args.iterations))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,15 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", choices=cgroups.KINDS, default=None)
     args = parser.parse_args(argv)
     ballast = [{"i": i, "s": str(i)} for i in range(args.ballast)]
-    with cgroups.detect(force=args.force) as limiter:
-        print(f"{limiter.describe()}\nPython {sys.version.split()[0]}, kernel {os.uname().release},"
+    with cgroups.detect(force=args.force) as caps:
+        print(f"{caps.describe()}\nPython {sys.version.split()[0]}, kernel {os.uname().release},"
               f" ballast {len(ballast)} dicts, times in ms")
         for frozen in (False, True):
             gc.collect()
             if frozen:
                 gc.freeze()
             print(f"{'with' if frozen else 'without'} gc.freeze():")
-            print("\n".join(measure(limiter, args)))
+            print("\n".join(measure(caps, args)))
             gc.unfreeze()
     return 0
 

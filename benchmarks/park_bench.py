@@ -35,7 +35,9 @@ from conveyor import limits  # noqa: E402
 from conveyor.broker import Publication, from_url  # noqa: E402
 from conveyor.flow import Spec  # noqa: E402
 from conveyor.limits import Parcel  # noqa: E402
+from conveyor.locations import store_urls  # noqa: E402
 from conveyor.message import Codec  # noqa: E402
+from tests import flow_tasks  # noqa: E402
 from tests.conftest import (  # noqa: E402
     POSTGRES_URL,
     RABBITMQ_URL,
@@ -43,9 +45,8 @@ from tests.conftest import (  # noqa: E402
     clean_transport,
     drop_postgres_schema,
 )
-from tests.integration import flow_tasks  # noqa: E402
 
-APP = "tests.integration.flow_tasks"
+APP = "tests.flow_tasks"
 
 
 def urls(backend: str, tmp: Path, name: str) -> tuple[str, dict[str, str]]:
@@ -64,7 +65,7 @@ def one_round(backend: str, src: str, n: int, workers: int) -> tuple[float, floa
     name = "park" + uuid.uuid4().hex[:10]
     with tempfile.TemporaryDirectory() as tmp:
         url, extra = urls(backend, Path(tmp), name)
-        store = limits.from_url(limits.url_for(url, extra.get("CONVEYOR_STATE_URL", "")))
+        store = limits.from_url(store_urls(url, extra.get("CONVEYOR_STATE_URL", "")).limits)
         spec = [Spec("c", "tenant:a", max=2)]
         for holder in ("hold-1", "hold-2"):
             assert store.admit(Parcel(holder, name, b"{}"), spec, time.time(), 600).granted

@@ -26,8 +26,8 @@ ROOT = Path(__file__).parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from conveyor.broker import from_url  # noqa: E402
+from tests import flow_tasks  # noqa: E402
 from tests.conftest import clean_transport, drop_postgres_schema  # noqa: E402
-from tests.integration import flow_tasks  # noqa: E402
 from tests.integration.test_flow_control import (  # noqa: E402
     SETUPS,
     enqueue_all,

@@ -79,6 +79,13 @@ def incr() -> None:
 
 TRACED = "clone,clone3,exit_group,wait4,sendmsg,recvmsg,connect,sendto,recvfrom"
 LINE = re.compile(r"^(\d+) +(\d+\.\d+) (.*)$")
+#: A task frame as strace prints it: marshal (worker/frames.send_task: "M", then the dict's
+#: first key, the 7-character string 'message') or, when marshal cannot carry it, JSON.
+TASK_FRAME = ("\\7message", '{\\"message\\"')
+
+
+def _task_frame(text: str) -> bool:
+    return any(mark in text for mark in TASK_FRAME)
 
 
 def main() -> None:
@@ -171,7 +178,7 @@ def _runners(ev: dict[int, list[tuple[float, str]]]) -> dict[int, float]:
     out = {}
     for pid, events in ev.items():
         for ts, text in events:
-            if text.startswith("recvfrom(") and '{\\"message\\"' in text:
+            if text.startswith("recvfrom(") and _task_frame(text):
                 out[pid] = ts
                 break
     return out
@@ -194,8 +201,7 @@ def _phases(ev: dict[int, list[tuple[float, str]]], ack_sha: str) -> dict[str, l
                 if start is not None and int(m[1]) in runners:
                     out["fork (lane)"].append((ts - start) * 1e3)
     sends = sorted(ts for events in ev.values() for ts, text in events
-                   if text.startswith("start sendto(") and '{\\"message\\"' in text
-                   or text.startswith("sendto(") and '{\\"message\\"' in text)
+                   if text.startswith(("start sendto(", "sendto(")) and _task_frame(text))
     acks = sorted((ts, pid) for pid, events in ev.items() for ts, text in events
                   if ("sendto(" in text and ack_sha in text))
     reports_seen = sorted(ts for events in ev.values() for ts, text in events

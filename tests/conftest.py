@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+
+# The suite shares two cores with brokers and worker processes: a generated example may take
+# seconds to build under that load. Hypothesis's timing checks measure the machine, not the code.
+hypothesis_settings.register_profile("shared-machine", deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("shared-machine")
+
 
 SERVICES = {
     "redis": ("127.0.0.1", 6379),
@@ -89,6 +99,22 @@ def drop_postgres_schema(name: str) -> None:
     from psycopg import sql
     with psycopg.connect(POSTGRES_URL, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[Any]]]:
+    """Child processes a test starts (append each one): when it ends, those still running
+    are killed by pid (never by name) and every one is reaped and its pipes closed, so none
+    outlives the test, however it ended."""
+    started: list[subprocess.Popen[Any]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

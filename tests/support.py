@@ -4,6 +4,7 @@ the real command line, and an executor that only records.
 * `wait_for` checks a condition until it holds (never sleep and hope); `first` takes the
   first delivery a broker gives within a timeout.
 * `conveyor`, `spawn` and `stop` run the real command line, and never leave a process behind.
+* `Proxy` relays TCP to a service and can cut it: an outage of that service for one test.
 * `RecordingExecutor` stands in for a real executor when a test drives the scheduler's engine
   with a fake clock: it keeps each workload it is given, and `event(...)` builds the events a
   worker would send back for one of them.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +29,7 @@ from conveyor.events import Event
 from conveyor.scheduler.daemon import Daemon
 from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Executor, Workload, event_for
+from conveyor.state.records import TaskInstance
 
 
 class RecordingExecutor(Executor):
@@ -45,12 +48,33 @@ class RecordingExecutor(Executor):
     def pop(self, task_id: str) -> Workload:
         """The oldest recorded workload of `task_id`, removed."""
         for i, work in enumerate(self.sent):
-            if work.message.headers["task_id"] == task_id:
+            if _sent_as(work) == task_id:
                 return self.sent.pop(i)
         raise AssertionError(f"{task_id} was not dispatched; sent: {self.task_ids()}")
 
     def task_ids(self) -> list[str]:
-        return [w.message.headers["task_id"] for w in self.sent]
+        return [_sent_as(w) for w in self.sent]
+
+
+def _sent_as(work: Workload) -> str:
+    """A workload's task id, or `callback:KIND` for a callback's (scheduler/callbacks.py)."""
+    headers = work.message.headers
+    return headers.get("task_id") or f"callback:{headers.get('callback_kind', '?')}"
+
+
+def task_instance(**given: Any) -> TaskInstance:
+    """A task instance for a test of a pure function: `given` fields over plain defaults
+    (`spec` as data)."""
+    fields: dict[str, Any] = {
+        "ti_id": "ti1", "run_id": "r1", "task_id": "t", "position": 0, "state": "queued",
+        "attempt": 1, "max_attempts": 1, "executor": "queue", "queue": "default",
+        "priority": 0, "spec": {}, "queued_timeout": 600.0, "heartbeat_timeout": 300.0,
+        "is_branch": 0}
+    fields |= dict.fromkeys(("queued_at", "published_at", "started_at", "heartbeat_at",
+                             "ended_at", "next_retry_at", "deadline", "error", "hostname",
+                             "pid", "result", "tries", "claimed_by", "map_index", "map_task",
+                             "map_count", "waiting_for"))
+    return TaskInstance(**{**fields, **given})
 
 
 def event(work: Workload, kind: str, at: float, **fields: Any) -> Event:
@@ -58,9 +82,98 @@ def event(work: Workload, kind: str, at: float, **fields: Any) -> Event:
     return event_for(work.message, kind, at=at, **fields)
 
 
+class Proxy:
+    """A TCP relay to `host:port` that a test can cut (every connection dropped, new ones
+    refused) and restore on the same port: an outage of a shared service (Redis, Postgres,
+    RabbitMQ) for the clients of this test alone, without touching the service. `freeze()`
+    is the other kind of outage: connections stay open and new ones are accepted, but nothing
+    comes back (a hung server, a network dropping packets); `cut()` and `restore()` end it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._frozen = False
+        self.restore()
+
+    @property
+    def address(self) -> str:
+        """`127.0.0.1:PORT`, for a URL's host and port."""
+        return f"127.0.0.1:{self.port}"
+
+    def freeze(self) -> None:
+        self._frozen = True
+
+    def restore(self) -> None:
+        self._frozen = False
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        self._spawn(self._accept, listener)
+
+    def cut(self) -> None:
+        with self._lock:
+            doomed = [s for s in [self._listener, *self._sockets] if s is not None]
+            self._listener, self._sockets = None, []
+        for sock in doomed:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = []
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            upstream = socket.create_connection(self.upstream)
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets += [client, upstream]
+            self._spawn(self._pump, client, upstream)
+            self._spawn(self._pump, upstream, client)
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                if not self._frozen:
+                    sink.sendall(data)
+        except OSError:
+            return
+        try:
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
 def conveyor(*args: str, env: Mapping[str, str] | None = None, check: bool = True,
              timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """Run `conveyor ARGS…` as a user would, and return what it printed."""
+    """Run `conveyor ARGS…` as a user would, and return what it printed.
+
+    A command given its own `--timeout N` gets N + 30 s: killing it at the moment it would
+    have said what it waited for loses the one message that explains a slow run.
+    """
+    if "--timeout" in args:
+        timeout = max(timeout, float(args[args.index("--timeout") + 1]) + 30.0)
     done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], capture_output=True,
                           text=True, env={**os.environ, **(env or {})}, timeout=timeout)
     if check and done.returncode != 0:

@@ -2,10 +2,11 @@
 
 Precedence everywhere: flags > `CONVEYOR_*` environment > a TOML file > defaults.
 
-* Every CLI flag is declared with `env_flag`, which resolves its default from the
-  environment, then the file, and records the setting in its parser's `Catalog` (what
-  `conveyor config show` prints and what the README's configuration reference is generated
-  from). `conveyor.cli.build_parser` returns the catalog with the parser it fills.
+* Every setting is a row of one table (`conveyor.settings_table`): its variable, file key,
+  flags, default, kind and help. `read` gives a row's value; `env_flag(parser, env=...)`
+  adds a row's flag to a command and records it in the parser's `Catalog` (what `conveyor
+  config show` prints and the README's configuration reference is generated from).
+  `conveyor.cli.build_parser` returns the catalog with the parser it fills.
 * The TOML file is `$CONVEYOR_CONFIG_FILE` if set (it must exist), else `./conveyor.toml`,
   else `conveyor.toml` in the data directory ($CONVEYOR_HOME). Its keys are the variables'
   names without `CONVEYOR_`, lower-cased: `CONVEYOR_BROKER_URL` -> `broker_url`.
@@ -13,8 +14,8 @@ Precedence everywhere: flags > `CONVEYOR_*` environment > a TOML file > defaults
   what is allowed; so does a key in the file that no setting has (a misspelling must not
   silently leave a default in place).
 
-Nothing reads the environment at import time; `Settings.from_env()` and the parser do it
-when a command starts.
+Nothing reads the environment at import time; `read()` and the parser do it when a command
+starts.
 """
 
 from __future__ import annotations
@@ -25,35 +26,19 @@ import os
 import re
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 from conveyor.errors import ConfigError
-from conveyor.locations import data_dir, redact
+from conveyor.locations import StoreURLs, data_dir, redact, store_urls
 from conveyor.message import DEFAULT_MAX_BYTES
-from conveyor.tracing import mode as tracing_mode
+from conveyor.settings_table import FILE_VARIABLE as FILE_VARIABLE
+from conveyor.settings_table import ROWS
 
 PREFIX = "CONVEYOR_"
-FILE_VARIABLE = "CONVEYOR_CONFIG_FILE"
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 1000**2, "MB": 1000**2,
-          "MIB": 1024**2, "G": 1000**3, "GB": 1000**3, "GIB": 1024**3, "T": 1000**4,
-          "TB": 1000**4, "TIB": 1024**4}
 _SECRET = ("KEY", "PASSWORD", "SECRET", "TOKEN")
-
-
-def parse_size(text: str | int, key: str = "size") -> int:
-    """'2GiB' -> 2147483648; '512M' -> 512000000; plain numbers are bytes."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    unit = (match.group(2) or "").upper() if match else None
-    if match is None or unit not in _UNITS:
-        raise ConfigError(f"{key}={text!r} is not a size: use bytes or a unit, e.g. 512MiB, 2GiB")
-    return int(float(match.group(1)) * _UNITS[unit])
 
 
 # -- the file --------------------------------------------------------------------------------
@@ -176,8 +161,12 @@ class Key:
     convert: Callable[[str], Any] | None = None
     #: command -> its default, where commands sharing the setting differ
     defaults: dict[str, Any] = field(default_factory=dict)
+    #: command -> its flags (`ui --port` is `up --ui-port`, beside up's own --metrics-port)
+    flags_of: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: the setting's old spelling, still accepted with a deprecation line
     renamed: Renamed | None = None
+    #: False: read from the environment only, never from the file (where the file is)
+    in_file: bool = True
 
     @property
     def name(self) -> str:
@@ -201,25 +190,44 @@ class Catalog(dict[str, Key]):
         if command and command not in key.commands:
             key.commands.append(command)
             key.defaults[command] = default
+            key.flags_of[command] = flags
         return key
 
     def declare_settings(self) -> None:
-        """Put the `Settings` fields in the catalog (they are read by every command), and
-        check their values now: a bad one stops the command before it starts anything."""
-        for f in fields(Settings):
-            env, kind = f"{PREFIX}{f.name.upper()}", SETTINGS_KINDS.get(f.name, str)
-            self.declare(env, default=f.default, help=SETTINGS_HELP[f.name], convert=kind)
-            _from_environment(env, f.default, kind, None, "")
+        """Put the table's settings in the catalog (commands' flags add theirs as they
+        register), and check their values now: a bad one stops the command before it starts
+        anything."""
+        for row in ROWS.values():
+            key = self.declare(row.env, default=row.default, help=row.help,
+                               convert=None if row.kind is bool else row.kind)
+            key.in_file, key.commands = row.in_file, list(row.commands)
+            if row.checked_everywhere:
+                read(row.env)
 
-    def check_file(self) -> None:
-        """Stop if the file names a key no setting has (call after every flag is declared)."""
+    def check_file(self, everything: Callable[[], Catalog] | None = None) -> None:
+        """Stop if the file names a key no setting has (call after every flag is declared).
+
+        `everything`: the whole catalog, for a parser that declared only its own command's
+        settings (the worker's lean one): a key it does not know may be another command's
+        (one file serves them all), so the whole catalog is asked before refusing it.
+        """
         path = config_file()
-        known = {key.name for key in self.values()} | {
+        unknown = self._unknown(file_values(path))
+        if unknown and everything is not None:
+            unknown = everything()._unknown(unknown)
+        for name, value in unknown.items():
+            env_only = self.get(f"{PREFIX}{name.upper()}")
+            if env_only is not None:
+                raise ConfigError(f"{path}: {name} is read from the environment only: set "
+                                  f"{env_only.env} instead")
+            raise ConfigError(f"{path}: {name} = {value!r} is not a setting (misspelt?); "
+                              "`conveyor config show` lists them all")
+
+    def _unknown(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The file's keys that no setting of this catalog has (nor had, renamed)."""
+        known = {key.name for key in self.values() if key.in_file} | {
             key_name(key.renamed.env) for key in self.values() if key.renamed}
-        for name, value in file_values(path).items():
-            if name not in known:
-                raise ConfigError(f"{path}: {name} = {value!r} is not a setting (misspelt?); "
-                                  "`conveyor config show` lists them all")
+        return {name: value for name, value in values.items() if name not in known}
 
 
 class SettingsParser(argparse.ArgumentParser):
@@ -228,6 +236,10 @@ class SettingsParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, catalog: Catalog | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.catalog = Catalog() if catalog is None else catalog
+        # A word that starts like a negative number (-5MiB, -1.5s) is a value, not a flag:
+        # argparse only knows bare numbers, and `--memory-limit -5MiB` said "expected one
+        # argument" instead of why -5MiB is refused. No flag of ours starts with a digit.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def add_subparsers(self, **kwargs: Any) -> Any:
         kwargs.setdefault("parser_class", functools.partial(SettingsParser,
@@ -237,6 +249,20 @@ class SettingsParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Bad input is one line (not the whole usage): what is wrong, and where to look."""
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def passwords_in_argv(argv: Sequence[str], args: argparse.Namespace,
+                      catalog: Catalog) -> list[Key]:
+    """The settings whose value on this command line holds a password (a URL's): argv is
+    /proc/<pid>/cmdline, which any process of the host may read (tasks too, whatever their
+    uid), for as long as the command runs."""
+    given = {word.split("=", 1)[-1] if word.startswith("--") else word for word in argv}
+    found = []
+    for key in catalog.values():
+        value = getattr(args, key.dest, None) if key.dest else None
+        if isinstance(value, str) and value in given and redact(value) != value:
+            found.append(key)
+    return found
 
 
 def shown(key: Key, value: Any) -> str:
@@ -272,53 +298,17 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Overrides (flags) > environment > file > defaults."""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            var = f"{PREFIX}{f.name.upper()}"
-            raw, source = lookup(var, env)
-            if raw is not None:
-                values[f.name] = _converted(raw, f.type, _where(var, source))
+        values = {f.name: read(f"{PREFIX}{f.name.upper()}", env) for f in fields(cls)}
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **values)
+        return replace(cls(), **{k: v for k, v in values.items() if v is not None})
+
+    def stores(self) -> StoreURLs:
+        """Every store's URL, resolved once from these settings (`locations.store_urls`)."""
+        return store_urls(self.broker_url, self.state_url, self.result_url, self.limits_url)
 
     def codec(self) -> Any:
         from conveyor.message import Codec
         return Codec(self.signing_key or None, self.max_message_bytes)
-
-
-def _converted(raw: str, kind: Any, where: str) -> Any:
-    """A setting's text as its field's type: sizes for ints, seconds for floats."""
-    if kind in ("int", int):
-        return parse_size(raw, where)
-    if kind in ("float", float):
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if value <= 0:
-            raise ConfigError(f"{where}={raw!r} is not allowed: must be a positive number "
-                              "of seconds")
-        return value
-    return raw
-
-
-SETTINGS_HELP = {
-    "broker_url": "broker URL: sqlite:///…, redis://…, amqp://…, postgresql://…, "
-                  "kombu+<transport>://… (default: the embedded SQLite file)",
-    "state_url": "scheduler state store URL: sqlite:///… or postgresql://… (default: "
-                 "scheduler.db in the data directory)",
-    "signing_key": "HMAC key: messages are signed, and unsigned ones dead-lettered",
-    "max_message_bytes": "largest message accepted; bigger ones are dead-lettered",
-    "result_url": "where task results are kept: redis://…, sqlite:///… or postgresql://… "
-                  "(default: the broker's Redis, else the state store)",
-    "result_ttl": "seconds a stored task result is kept",
-    "result_max_bytes": "largest task result stored; a task returning more fails",
-    "limits_url": "where flow-control limits are kept: redis://…, sqlite:///… or "
-                  "postgresql://… (default: the broker unless it is RabbitMQ or kombu, then "
-                  "the state store)",
-    "tracing": "OpenTelemetry traces (needs conveyor[otel]): off, console, otlp (to "
-               "OTEL_EXPORTER_OTLP_ENDPOINT), or module:callable returning an exporter",
-}
 
 
 def _allowed(exc: Exception) -> str:
@@ -333,108 +323,34 @@ def _allowed(exc: Exception) -> str:
 
 # -- kinds: what a setting's text may be ---------------------------------------------------
 
-def _number(text: str, kind: type[int] | type[float], ok: Callable[[Any], bool],
-            allowed: str) -> Any:
-    """`text` as a number that `ok` accepts, or a ValueError saying what is `allowed`."""
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ValueError(f"must be {allowed}") from None
-    if not ok(value):
-        raise ValueError(f"must be {allowed}")
-    return value
+# -- reading the table ----------------------------------------------------------------------
 
-
-def positive_int(text: str) -> int:
-    """A whole number, 1 or more (slots, counts)."""
-    return int(_number(text, int, lambda v: v >= 1, "a whole number, 1 or more"))
-
-
-def non_negative_int(text: str) -> int:
-    """A whole number, 0 or more (priorities, retries)."""
-    return int(_number(text, int, lambda v: v >= 0, "a whole number, 0 or more"))
-
-
-def seconds(text: str) -> float:
-    """A duration in seconds, 0 or more (0 usually means none; nan and inf are refused)."""
-    return float(_number(text, float, lambda v: 0 <= v < float("inf"),
-                         "a number of seconds, 0 or more"))
-
-
-def positive_seconds(text: str) -> float:
-    """A duration in seconds, more than 0 (intervals: 0 would spin)."""
-    return float(_number(text, float, lambda v: 0 < v < float("inf"),
-                         "a number of seconds, more than 0"))
-
-
-def port(text: str) -> int:
-    """A TCP port, or 0 for off."""
-    return int(_number(text, int, lambda v: 0 <= v <= 65535,
-                       "a port number, 1 to 65535 (0: off)"))
-
-
-def url(text: str) -> str:
-    """A URL of the form scheme://[user[:password]@]host[:port]/…, or "" (the default)."""
-    if not text:
-        return text
-    if "://" not in text:
-        raise ValueError("must be a URL, e.g. redis://localhost:6379/0 or sqlite:///path.db")
-    try:
-        if urlsplit(text).port == 0:   # parsing the port: "host:notaport" fails here, not later
-            raise ValueError("port 0")
-    except ValueError:
-        netloc = urlsplit(text).netloc.rsplit("@", 1)[-1]
-        raise ValueError(f"its port in {netloc!r} is not a number from 1 to 65535") from None
-    _check_redis_db(text)
-    return text
-
-
-def _check_redis_db(text: str) -> None:
-    """redis://host/N: the path is a database number (redis-py would fail at connect)."""
-    parts = urlsplit(text)
-    db = parts.path.strip("/")
-    if parts.scheme in ("redis", "rediss", "kombu+redis") and db and not db.isdigit():
-        raise ValueError(f"its database {db!r} is not a number (redis://host:6379/0)")
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-def log_level(text: str) -> str:
-    """A logging level name, any case."""
-    if text.upper() not in LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
-    return text.upper()
-
-
-def size(text: str) -> int:
-    """A size in bytes, or with a unit: 512MiB, 2GiB."""
-    try:
-        return parse_size(text)
-    except ConfigError:
-        raise ValueError("must be a size: bytes, or a number with a unit, e.g. 512MiB, "
-                         "2GiB") from None
-
-
-#: What each `Settings` field may be (the others are free text).
-SETTINGS_KINDS: dict[str, Callable[[str], Any]] = {
-    "broker_url": url, "state_url": url, "result_url": url, "limits_url": url,
-    "max_message_bytes": size,
-    "result_max_bytes": size, "result_ttl": positive_seconds, "tracing": tracing_mode,
-}
+def read(env_name: str, env: Mapping[str, str] | None = None) -> Any:
+    """A table setting's value from the environment, else the file (None: neither), checked:
+    a wrong one is one line naming the variable or file key, the value and what is allowed.
+    With an explicit `env` mapping only those values count (see `lookup`)."""
+    row = ROWS[env_name]
+    if not row.in_file:
+        return (os.environ if env is None else env).get(env_name)
+    raw, source = lookup(env_name, env)
+    return None if raw is None else _checked_value(raw, row.kind, _where(env_name, source))
 
 
 # -- flags -----------------------------------------------------------------------------------
 
-def env_flag(parser: Any, *names: str, env: str, default: Any = None, kind: Any = str,
-             help: str = "", renamed: Renamed | None = None, **kwargs: Any) -> None:
-    """Add a flag whose default comes from `env`, then the file, then `default`.
+def env_flag(parser: Any, *, env: str, renamed: Renamed | None = None, **kwargs: Any) -> None:
+    """Add the flag of the table's setting `env` (`settings_table.ROWS`), as this command
+    spells it; its default comes from `env`, then the file, then the row.
 
     The variable is named in --help, the setting is recorded in the parser's catalog (a
     `SettingsParser`; a plain parser records nothing), and a bad value, on the command line,
     in the environment or in the file, stops the program with one line naming the setting,
     the value and what is allowed. `renamed`: the old spelling, still accepted.
     """
+    if env not in ROWS:
+        raise TypeError(f"{env} is not a setting: add its row to settings_table")
+    command = parser.prog.removeprefix("conveyor ").strip()
+    names, default, kind, help = ROWS[env].spelled(command)
     value = _from_environment(env, default, kind, renamed, names[-1])
     shown_default = f"; default: {default}" if default not in (None, "", False, ()) else ""
     text = f"{help} [env: {env}{shown_default}]"
@@ -451,8 +367,7 @@ def env_flag(parser: Any, *names: str, env: str, default: Any = None, kind: Any 
     if catalog is not None:
         key = catalog.declare(env, default=default, help=help,
                               flags=tuple(n for n in names if n.startswith("--")),
-                              dest=action.dest,
-                              command=parser.prog.removeprefix("conveyor ").strip(),
+                              dest=action.dest, command=command,
                               convert=None if kind is bool else kind)
         key.renamed = renamed
 
@@ -469,8 +384,15 @@ def _from_environment(env: str, default: Any, kind: Any, renamed: Renamed | None
             renamed.accept(where, raw, key_name(env) if source.startswith("file ") else env)
     if raw is None:
         return default
+    if kind is bool:
+        return raw.lower() in ("1", "true", "yes", "on")
+    return _checked_value(raw, kind, where)
+
+
+def _checked_value(raw: str, kind: Callable[[str], Any], where: str) -> Any:
+    """`raw` as `kind` has it, or one line naming `where`, the value and what is allowed."""
     try:
-        return kind(raw) if kind is not bool else raw.lower() in ("1", "true", "yes", "on")
+        return kind(raw)
     except (ValueError, ConfigError, TypeError, argparse.ArgumentTypeError) as exc:
         raise ConfigError(f"{where}={_safe(raw)!r} is not allowed: {_allowed(exc)}") from None
 

@@ -15,6 +15,7 @@ values). Outside a task, reading it raises a `ContextError` that says so.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ class TaskContext:
     task_id: str = ""
     logical_date: str = ""   # ISO-8601 UTC, the run's (a DAG task only)
     traceparent: str = ""    # W3C trace context of the task's run span (tracing on only)
+    map_index: int = -1      # an instance of a mapped task (`expand`): its element; else -1
     conf: Mapping[str, Any] = field(default_factory=dict)
     upstream_values: Mapping[str, Any] = field(default_factory=dict)
 
@@ -53,6 +55,7 @@ class TaskContext:
         values = {"RUN_ID": self.run_id, "DAG_ID": self.dag_id, "TASK_ID": self.task_id,
                   "LOGICAL_DATE": self.logical_date, "ATTEMPT": str(self.attempt),
                   "QUEUE": self.queue, "MESSAGE_ID": self.message_id,
+                  "MAP_INDEX": str(self.map_index),
                   "CONF": json.dumps(dict(self.conf))}
         found = {f"CONVEYOR_CTX_{name}": value for name, value in values.items()}
         if self.traceparent:   # OpenTelemetry's name for a trace context in the environment
@@ -68,6 +71,7 @@ class TaskContext:
                    dag_id=headers.get("dag", ""), task_id=headers.get("task_id", ""),
                    logical_date=headers.get("logical_date", ""),
                    traceparent=headers.get("traceparent", ""),
+                   map_index=int(headers.get("map_index", -1)),
                    conf=_object(headers.get("conf")),
                    upstream_values=_object(headers.get("upstream")))
 
@@ -132,6 +136,11 @@ class CurrentContext:
         return self.get().logical_date
 
     @property
+    def map_index(self) -> int:
+        """Which element this instance of a mapped task runs (-1: not mapped, as Airflow)."""
+        return self.get().map_index
+
+    @property
     def traceparent(self) -> str:
         """The task's `run` span as a W3C traceparent ("" while tracing is off), to start
         spans of your own under it."""
@@ -139,3 +148,13 @@ class CurrentContext:
 
 
 context = CurrentContext()
+
+#: Set in a command task's environment (with the rest of its context): the process, or one
+#: it started, runs inside a task.
+COMMAND_MARKER = "CONVEYOR_CTX_MESSAGE_ID"
+
+
+def inside_task() -> bool:
+    """Whether this process runs a task: a Python task's runner (its context is set) or a
+    command task (or a process it started, which inherits its environment)."""
+    return context._current is not None or COMMAND_MARKER in os.environ

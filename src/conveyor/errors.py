@@ -24,6 +24,13 @@ class BrokerError(ConveyorError):
     """A broker operation failed for a reason that retrying will not fix."""
 
 
+class Refused(BrokerError):
+    """A server answered the first contact with a no that retrying cannot change: a login
+    refused, a database or role that does not exist, another kind of server on that port.
+    The URL needs fixing (exit 2, like any bad setting), whichever server it names: broker,
+    limits store or state store (`conveyor.refusals` words it)."""
+
+
 class BrokerConnectionError(BrokerError):
     """The broker could not be reached; retryable (the transports retry with backoff)."""
 
@@ -52,6 +59,15 @@ class ResultTimeout(ResultError):
     """`handle.result(timeout=...)` passed its timeout while the task was queued or running."""
 
 
+class Cancelled(ConveyorError):
+    """The task was cancelled (`Client.cancel`, `conveyor tasks cancel`).
+
+    Raised inside a running task when its cancel reaches it: catch it to clean up (the
+    runner is killed `--cancel-grace` seconds later whatever it does). Raised by
+    `handle.result()` for a task that was cancelled, whether it had started or not.
+    """
+
+
 class TaskFailed(ResultError):
     """The task failed for good; carries the remote failure so the caller can read it.
 
@@ -71,3 +87,13 @@ class TaskFailed(ResultError):
 
 class DeadLettered(TaskFailed):
     """The message was quarantined (bad input, unknown task, crash loop, budget spent)."""
+
+
+def one_line(exc: BaseException | None) -> str:
+    """`Type: first line of the message`, for a log line or an error."""
+    if exc is None:
+        return "no error"
+    text = str(exc).strip().splitlines()
+    if not text and exc.args:  # pika's connection errors wrap the cause and print nothing
+        text = (str(exc.args[0]).strip() or repr(exc.args[0])).splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -20,9 +20,18 @@ KINDS = ("started", "heartbeat", "succeeded", "failed", "retried", "oom_killed",
          "interrupted", "dead_lettered",
          # flow control: parked in its key's waiting area (a pool's, for a DAG task), and
          # handed a slot and published again; the scheduler's queued_timeout waits meanwhile
-         "parked", "unparked")
+         "parked", "unparked",
+         # settled unrun (dead-lettered; a DAG attempt acked): not started by its deadline
+         "expired",
+         # acked on a cancel (`Client.cancel`): before it started, or stopped while running
+         "cancelled",
+         # the task raised Skip (or its command exited with a skip code): acked, not retried
+         "skipped")
 #: Kinds after which the attempt is over (the message was settled one way or another).
-FINAL = frozenset({"succeeded", "dead_lettered"})
+FINAL = frozenset({"succeeded", "dead_lettered", "expired", "cancelled", "skipped"})
+#: Kinds of a task that ended well: it ran to its end, or skipped itself. Neither is a
+#: fault: never retried, a None result for a skip, counted with the successes.
+ENDED_WELL = frozenset({"succeeded", "skipped"})
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,9 @@ class Event:
     headers: Mapping[str, str] = field(default_factory=dict)
     #: The attempt's last lines of output (stdout and stderr), on outcome events.
     log: Sequence[str] = ()
+    #: The code version of the worker (`--code-version`), on `started` events: a run
+    #: records the one its first task started on (README "Runs pinned to their code").
+    code_version: str = ""
 
     def encode(self) -> bytes:
         return json.dumps({"v": 1, **asdict(self)}, separators=(",", ":"),

@@ -27,6 +27,14 @@ LIMITS_HEADER = "limits"
 #: Set by a worker that reserved the message's rate slot: "<attempt>", so that attempt runs
 #: when it comes back without being counted twice (a retry is a new attempt and counts).
 RATE_RESERVED_HEADER = "rate-reserved"
+#: The message's unique key (`enqueue(..., unique_key=...)`) while it holds the key until its
+#: outcome: the worker gives the key back when it settles a terminal one. Absent when the key
+#: is held for a fixed window (`unique_for`), which nothing but time ends.
+UNIQUE_HEADER = "unique"
+#: How long a unique key without a window is held at most, after its message's delay: the
+#: backstop for a holder that never reaches a worker's terminal settle (its queue purged or
+#: deleted, its outcome lost with the worker's store); see README "Once per key".
+UNIQUE_HOLD = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,22 @@ def _spec(limit: Limit | Rate, values: Mapping[str, Any]) -> Spec:
     return Spec("r", key, per_second=limit.per_second, burst=limit.burst)
 
 
+def unique_key_of(fn: Callable[..., Any], key: str | Callable[..., Any],
+                  args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """A task's unique key for one call: `key(*args, **kwargs)` when it is a function, else
+    the template (`"invoice:{invoice_id}"`) formatted from the bound arguments, as limit keys
+    are."""
+    if callable(key):
+        return str(key(*args, **kwargs))
+    return resolve(fn, [Limit(key=key)], args, kwargs)[0].key
+
+
+def check_unique_key(fn: Callable[..., Any], key: str | Callable[..., Any] | None) -> None:
+    """At decoration: a template's names must be arguments of `fn` (as for limit keys)."""
+    if isinstance(key, str):
+        check_templates(fn, [Limit(key=key)])
+
+
 def encode(specs: Sequence[Spec]) -> str:
     """The header value for `specs`."""
     return json.dumps([s.wire() for s in specs], separators=(",", ":"))
@@ -168,5 +192,6 @@ def limits_of(headers: Mapping[str, str]) -> list[Spec]:
     return decode(text) if text else []
 
 
-__all__ = ["LIMITS_HEADER", "RATE_RESERVED_HEADER", "Limit", "Rate", "Spec", "check_templates",
-           "decode", "encode", "limits_of", "resolve"]
+__all__ = ["LIMITS_HEADER", "RATE_RESERVED_HEADER", "UNIQUE_HEADER", "UNIQUE_HOLD", "Limit",
+           "Rate", "Spec", "check_templates", "check_unique_key", "decode", "encode",
+           "limits_of", "resolve", "unique_key_of"]

@@ -1,5 +1,6 @@
-"""Where things are, and URLs safe to print: the data directory, a SQLite URL's file, and a
-URL with its password masked.
+"""Where things are, and URLs safe to print: the data directory, a URL's scheme, every store's
+URL (`store_urls`), a SQLite URL's file, a URL with its password masked, and the ports the
+daemons listen on.
 
 These sit below every transport and the state store (config reads the data directory, the
 store opens SQLite files, everyone logs URLs), so none of them has to import a broker to
@@ -9,8 +10,11 @@ find a path or hide a password.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from conveyor.errors import ConfigError
 
@@ -24,6 +28,104 @@ def data_dir() -> Path:
     return Path(xdg) / "conveyor"
 
 
+#: The file in the data directory naming the DAGs folder `conveyor up` runs with it.
+UP_DAGS_FOLDER = "up-dags-folder"
+#: The DAGs folder of every command that reads one, unless told otherwise.
+DAGS = "dags"
+
+
+def dags_folder(configured: str = DAGS) -> str:
+    """The DAGs folder a command uses: the one it was given; for the default, ./dags when
+    there is one, else the folder `conveyor up` runs with this data directory (it writes it
+    there at start), so `conveyor dags list` typed beside a running `up` sees its DAGs; else
+    ./dags, whose absence the loader then reports."""
+    if configured != DAGS or Path(DAGS).is_dir():
+        return configured
+    try:
+        recorded = (data_dir() / UP_DAGS_FOLDER).read_text().strip()
+    except OSError:
+        return configured
+    return recorded if recorded and Path(recorded).is_dir() else configured
+
+
+def scheme(url: str) -> str:
+    """The URL's scheme, lower-cased ("" when it has none): what chooses a transport or a
+    store (`kombu+redis`, `postgresql`, `sqlite` …)."""
+    return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
+REDIS = ("redis", "rediss")
+POSTGRES = ("postgresql", "postgres")
+
+
+def embedded_broker_url() -> str:
+    """The embedded default broker: SQLite in the per-user data directory."""
+    return f"sqlite:///{data_dir() / 'conveyor.db'}"
+
+
+def embedded_state_url() -> str:
+    """The embedded default state store: SQLite beside the default broker's file."""
+    return f"sqlite:///{data_dir() / 'scheduler.db'}"
+
+
+@dataclass(frozen=True)
+class StoreURLs:
+    """Where each store is, from one broker URL and the URLs given for the others."""
+
+    #: the broker (the embedded default spelled out)
+    broker: str
+    #: the scheduler's state store (the embedded default spelled out)
+    state: str
+    #: task results: Redis beside the queues, SQLite's results.db beside the broker's file,
+    #: the Postgres broker's database; else the state store
+    results: str
+    #: flow control: the broker when it is Redis, Postgres or SQLite, else the state store
+    limits: str
+    #: where a daemon records itself for `conveyor status` and the dashboard (a worker's
+    #: heartbeat, the autoscaler's decisions); None for a daemon given only a broker URL:
+    #: its state store would be a file no one else reads
+    registry: str | None
+
+
+def store_urls(broker_url: str = "", state_url: str = "", result_url: str = "",
+               limits_url: str = "") -> StoreURLs:
+    """Every store's URL: the one given, else derived from the broker URL (the one place
+    that derivation is written; README: where results and limits are kept)."""
+    broker = broker_url or embedded_broker_url()
+    state = state_url or embedded_state_url()
+    return StoreURLs(broker=broker, state=state,
+                     results=result_url or _results_beside(broker, state),
+                     limits=limits_url or _limits_beside(broker, state),
+                     registry=state_url or (None if broker_url else state))
+
+
+def _results_beside(broker: str, state: str) -> str:
+    kind = scheme(broker)
+    if kind in REDIS:
+        return broker
+    if kind == "sqlite":   # results.db beside the broker's file, its options dropped
+        return f"sqlite://{path_from_url(broker)[0].parent / 'results.db'}"
+    if kind in POSTGRES:
+        return _without(broker, "ack_commit")   # the broker's own option; libpq refuses it
+    return state
+
+
+def _limits_beside(broker: str, state: str) -> str:
+    kind = scheme(broker)
+    if kind in POSTGRES:   # its commits asynchronous when the broker's acks are
+        if "ack_commit=sync" in broker:
+            return broker
+        return broker + ("&" if "?" in broker else "?") + "commit=async"
+    return broker if kind in (*REDIS, "sqlite") else state
+
+
+def _without(url: str, option: str) -> str:
+    """`url` without one query option."""
+    parts = urlsplit(url)
+    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != option]
+    return urlunsplit(parts._replace(query=urlencode(kept)))
+
+
 def path_from_url(url: str) -> tuple[Path, dict[str, str]]:
     """`sqlite:///abs/path.db?x=y` -> (Path, options)."""
     parts = urlsplit(url)
@@ -31,6 +133,18 @@ def path_from_url(url: str) -> tuple[Path, dict[str, str]]:
         raise ConfigError(f"SQLite URL {url!r} names no file: use sqlite:///path/to/file.db")
     options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     return Path(parts.path), options
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file a `sqlite:///` URL names, when it does not exist yet; None otherwise (it
+    exists, or the URL is not SQLite). Reading commands check this first: opening the file
+    would create it, and reading must not create state."""
+    if scheme(url) != "sqlite":
+        return None
+    path = path_from_url(url)[0]
+    if path.is_absolute():
+        path = Path("/", *path.parts[1:])   # sqlite:////abs/file.db reads as //abs/file.db
+    return None if path.exists() else path
 
 
 def redact(url: str) -> str:
@@ -41,3 +155,15 @@ def redact(url: str) -> str:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+@contextmanager
+def listening(what: str, host: str, port: int, flag: str) -> Iterator[None]:
+    """Bind `what`'s server inside: a port in use or an address not of this machine is one
+    line naming the address and the flag to change (a ConfigError: the command needs fixing),
+    the same for every daemon (worker, scheduler and autoscaler metrics, the dashboard)."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(f"cannot serve {what} on {host}:{port} "
+                          f"({exc.strerror or exc}): pass {flag} with a free port") from None

@@ -16,9 +16,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dataclass_fields
+from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.errors import MessageError
+from conveyor.errors import ConfigError, MessageError
 
 VERSION = 1
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -47,6 +48,10 @@ class Message:
     deliveries: int = 0
     enqueued_at: float = field(default_factory=time.time)
     not_before: float = 0.0
+    #: Wall-clock time by which it must have started (0: never): a worker acks a message
+    #: past it unrun and reports it `expired` (Celery's `expires`). The scheduler stamps
+    #: each DAG attempt with it, so an attempt it timed out can never start.
+    expires: float = 0.0
     time_limit: float = 0.0
     soft_time_limit: float = 0.0
     memory_limit: int = 0
@@ -68,9 +73,50 @@ class Message:
         """What the message runs, for logs: the task name or the command line."""
         return self.task or " ".join(self.command)
 
+    @property
+    def log_words(self) -> str:
+        """`task=… id=… attempt=… run=…` for a log line about it. `run` is the DAG run's id,
+        the one `conveyor runs list` shows and `runs show` takes (a DAG task's `run_id` field
+        is its task instance and attempt, which no command takes); else its own run_id."""
+        run = self.headers.get("run") or self.run_id
+        return f"task={self.label} id={self.id} attempt={self.attempt}" + (
+            f" run={run}" if run else "")
+
+    def expired(self, now: float) -> bool:
+        """Whether its deadline to start (`expires`) passed at `now`."""
+        return 0.0 < self.expires <= now
+
+    def queued_again(self, now: float) -> Message:
+        """The same message queued again at `now` (handed a slot after it was parked, or
+        given back by a stopping worker): the time it was given to start, `expires` minus
+        `enqueued_at`, starts over, as the scheduler's queued timeout does."""
+        if not self.expires:
+            return replace(self, enqueued_at=now)
+        return replace(self, enqueued_at=now,
+                       expires=now + max(0.0, self.expires - self.enqueued_at))
+
     def next_attempt(self) -> Message:
         """The same work, one attempt later (a retry after a task fault)."""
         return replace(self, attempt=self.attempt + 1)
+
+
+def deadline(expires: float | datetime, now: float, delay: float = 0.0) -> float:
+    """`Message.expires` for an `expires=` given on enqueue: seconds from `now` (as Celery's
+    `expires=60`), or a time (a naive datetime is UTC, as Celery reads one). It must come
+    after `delay`, else the message would expire before it may run: that is a mistake to
+    say at once, not a dead letter to find later."""
+    if isinstance(expires, datetime):
+        moment = expires if expires.tzinfo else expires.replace(tzinfo=UTC)
+        at = moment.timestamp()
+    elif isinstance(expires, int | float) and not isinstance(expires, bool) and expires > 0:
+        at = now + expires
+    else:
+        raise ConfigError(f"expires={expires!r}: give seconds from now (a number above 0) or "
+                          "a datetime")
+    if at <= now + delay:
+        raise ConfigError(f"expires={expires!r} is not after the delay ({delay:g} s from "
+                          "now): the message would expire before it may run")
+    return at
 
 
 # name -> (accepted JSON types, required)
@@ -87,6 +133,7 @@ _SCHEMA: dict[str, tuple[tuple[type, ...], bool]] = {
     "deliveries": ((int,), False),
     "enqueued_at": ((int, float), True),
     "not_before": ((int, float), False),
+    "expires": ((int, float), False),
     "time_limit": ((int, float), False),
     "soft_time_limit": ((int, float), False),
     "memory_limit": ((int,), False),
@@ -222,3 +269,13 @@ def messages_equal(a: Message, b: Message) -> bool:
 
 
 __all__ = ["Codec", "Message", "MessageError", "canonical_bytes", "messages_equal", "new_id"]
+
+
+#: Message header listing the exit codes (comma-separated) that skip a command task.
+SKIP_CODES_HEADER = "skip_exit_codes"
+
+
+def skip_codes(headers: Mapping[str, str]) -> frozenset[int]:
+    """The exit codes that mean skipped for a message (none without the header)."""
+    text = headers.get(SKIP_CODES_HEADER, "")
+    return frozenset(int(code) for code in text.split(",") if code.strip().isdigit())

@@ -13,14 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
-from conveyor.config import parse_size
 from conveyor.errors import ConveyorError, UnknownTask
-from conveyor.flow import LIMITS_HEADER, Limit, Rate, check_templates, encode, resolve
-from conveyor.message import Message
+from conveyor.flow import (
+    LIMITS_HEADER,
+    Limit,
+    Rate,
+    check_templates,
+    check_unique_key,
+    encode,
+    resolve,
+    unique_key_of,
+)
+from conveyor.kinds import parse_size
+from conveyor.message import Message, deadline
 
 if TYPE_CHECKING:
+    from conveyor.canvas import Signature
     from conveyor.results.handle import ResultHandle
 
 P = ParamSpec("P")
@@ -33,6 +44,16 @@ class Retry(ConveyorError):
     def __init__(self, reason: str = "retry requested", delay: float | None = None) -> None:
         super().__init__(reason)
         self.delay = delay
+
+
+class Skip(ConveyorError):
+    """Raise inside a task to end it `skipped`: not a failure, never retried (Airflow's
+    `AirflowSkipException`). In a DAG the trigger rules below it treat it as skipped (an
+    `all_success` child is skipped, a `none_failed` one runs); a task enqueued on its own
+    is recorded `skipped` and its `handle.result()` is None."""
+
+    def __init__(self, reason: str = "skipped by the task") -> None:
+        super().__init__(reason)
 
 
 class SoftTimeLimitExceeded(ConveyorError):
@@ -54,6 +75,15 @@ class TaskOptions:
     priority: int = 0
     store_result: bool = True
     limits: tuple[Limit | Rate, ...] = ()
+    unique_key: str | Callable[..., Any] | None = None
+    unique_for: float = 0.0
+    #: Seconds from enqueue by which a run must have started, else it is dead-lettered
+    #: `expired` unrun (0: never).
+    expires: float = 0.0
+
+
+#: Keyword arguments `Task.enqueue` takes for itself, never passed to the function.
+ENQUEUE_OPTIONS = ("unique_key", "unique_for", "expires")
 
 
 @dataclass(frozen=True)
@@ -84,35 +114,89 @@ class Task(Generic[P, R]):
             fields["headers"] = {**base.headers, **fields["headers"]}
         return replace(base, **fields)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature of this task for the canvas (`chain`, `group`, `chord`): in a chain
+        it is given the previous step's result before `args`."""
+        from conveyor.canvas import Signature
+        return Signature(self.name, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: in a chain it does not take the previous result."""
+        from conveyor.canvas import Signature
+        return Signature(self.name, args, kwargs, immutable=True)
+
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> ResultHandle:
         """Publish a run of this task through the default client (CONVEYOR_* settings);
-        `handle.result()` waits for its value unless the task has `store_result=False`."""
-        from conveyor.client import default_client
-        return default_client().enqueue(self.message(args, kwargs),
-                                        keep_result=self.options.store_result)
+        `handle.result()` waits for its value unless the task has `store_result=False`.
+
+        `unique_key=`, `unique_for=` and `expires=` are taken here, not passed to the
+        function: once per key (see `Client.enqueue`; the task's own `unique_key` applies
+        when not given) and the deadline to start (see `enqueue_with`)."""
+        options = {k: kwargs.pop(k) for k in ENQUEUE_OPTIONS if k in kwargs}
+        return self.enqueue_with(args, kwargs, **options)  # type: ignore[arg-type]
 
     def enqueue_with(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
-                     *, delay: float = 0.0, **fields: Any) -> ResultHandle:
-        """Publish with message fields overridden (queue, reply_to, run_id, priority...)."""
+                     *, delay: float = 0.0, unique_key: str | None = None,
+                     unique_for: float | None = None, expires: float | datetime | None = None,
+                     **fields: Any) -> ResultHandle:
+        """Publish with message fields overridden (queue, reply_to, run_id, priority...).
+
+        `expires`: seconds from now, or a datetime, by which it must have started (the
+        task's own `expires` when not given); a worker that takes it later dead-letters it
+        unrun with reason `expired` (README "Expiry")."""
         from conveyor.client import default_client
-        return default_client().enqueue(self.message(args, kwargs, **fields), delay=delay,
-                                        keep_result=self.options.store_result)
+        o = self.options
+        key = unique_key if unique_key is not None else (
+            unique_key_of(self.fn, o.unique_key, args, kwargs or {}) if o.unique_key else "")
+        message = self.message(args, kwargs, **fields)
+        expires = o.expires or None if expires is None else expires
+        if expires is not None:
+            message = replace(message, expires=deadline(expires, message.enqueued_at, delay))
+        return default_client().enqueue(
+            message, delay=delay, keep_result=o.store_result,
+            unique_key=key, unique_for=o.unique_for if unique_for is None else unique_for)
 
 
 REGISTRY: dict[str, Task[Any, Any]] = {}
+
+
+@overload
+def task(fn: Callable[P, R], *, name: str | None = None, queue: str = "default",
+         max_retries: int = 3, retry_backoff: float = 1.0, retry_backoff_max: float = 300.0,
+         time_limit: float = 0.0, soft_time_limit: float = 0.0, memory_limit: int | str = 0,
+         priority: int = 0, store_result: bool = True,
+         concurrency: Limit | Sequence[Limit] = (), rate: Rate | Sequence[Rate] = (),
+         unique_key: str | Callable[..., Any] | None = None, unique_for: float = 0.0,
+         expires: float = 0.0) -> Task[P, R]: ...
+
+
+@overload
+def task(fn: None = None, *, name: str | None = None, queue: str = "default",
+         max_retries: int = 3, retry_backoff: float = 1.0, retry_backoff_max: float = 300.0,
+         time_limit: float = 0.0, soft_time_limit: float = 0.0, memory_limit: int | str = 0,
+         priority: int = 0, store_result: bool = True,
+         concurrency: Limit | Sequence[Limit] = (), rate: Rate | Sequence[Rate] = (),
+         unique_key: str | Callable[..., Any] | None = None, unique_for: float = 0.0,
+         expires: float = 0.0) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
 def task(fn: Callable[P, R] | None = None, *, name: str | None = None, queue: str = "default",
          max_retries: int = 3, retry_backoff: float = 1.0, retry_backoff_max: float = 300.0,
          time_limit: float = 0.0, soft_time_limit: float = 0.0, memory_limit: int | str = 0,
          priority: int = 0, store_result: bool = True,
-         concurrency: Limit | Sequence[Limit] = (), rate: Rate | Sequence[Rate] = ()) -> Any:
+         concurrency: Limit | Sequence[Limit] = (), rate: Rate | Sequence[Rate] = (),
+         unique_key: str | Callable[..., Any] | None = None, unique_for: float = 0.0,
+         expires: float = 0.0) -> Any:
     """Register `fn` as a task (usable bare, `@task`, or with options, `@task(queue=...)`).
 
     `store_result=False`: nobody will ask for the value, so the worker never writes it.
     `concurrency=Limit(key="tenant:{tenant_id}", max=2)` and `rate=Rate(key="api",
     per_second=10)`: flow control across every worker (see `conveyor.flow`); a key template
     naming an argument the function does not have is an error here, at decoration.
+    `unique_key="invoice:{invoice_id}"` (or a function of the task's arguments) and
+    `unique_for=600`: every enqueue is once per key unless it names its own (README "Once
+    per key"). `expires=300`: each run must start within 300 s of its enqueue, else it is
+    dead-lettered `expired` unrun, unless the enqueue names its own (README "Expiry").
     """
     limits: tuple[Limit | Rate, ...] = (
         *((concurrency,) if isinstance(concurrency, Limit) else tuple(concurrency)),
@@ -125,8 +209,10 @@ def task(fn: Callable[P, R] | None = None, *, name: str | None = None, queue: st
             retry_backoff_max=retry_backoff_max, time_limit=time_limit,
             soft_time_limit=soft_time_limit,
             memory_limit=parse_size(memory_limit, "memory_limit"), priority=priority,
-            store_result=store_result, limits=limits)
+            store_result=store_result, limits=limits, unique_key=unique_key,
+            unique_for=unique_for, expires=expires)
         check_templates(f, limits)
+        check_unique_key(f, unique_key)
         registered: Task[P, R] = Task(f, options)
         REGISTRY[options.name] = registered
         return registered

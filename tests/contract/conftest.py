@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,12 +14,16 @@ from urllib.request import Request, urlopen
 import pytest
 
 from conveyor.broker import Broker, from_url
+from conveyor.broker.postgres import PostgresBroker
+from conveyor.state.store import Store
+from conveyor.state.store import from_url as state_from_url
 from tests.conftest import (
     POSTGRES_URL,
     RABBITMQ_URL,
     REDIS_URL,
     clean_transport,
     delete_redis_prefix,
+    drop_postgres_schema,
     opened_brokers,
     require_service,
 )
@@ -98,23 +101,36 @@ def queue(unique: str) -> str:
     return f"q-{unique}"
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Child processes a test starts; killed by pid when it ends, so none outlives it."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-
-
 def unique_name() -> str:
     return "t" + uuid.uuid4().hex[:12]
 
 
 CONSUMER = str(Path(__file__).with_name("consumer_proc.py"))
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+
+
+@pytest.fixture
+def store(state_url: str) -> Iterator[Store]:
+    """A state store on each database: an SQLite file, and a Postgres schema of its own
+    (`state_url` from tests/conftest.py)."""
+    opened = state_from_url(state_url)
+    yield opened
+    opened.close()
+
+
+OpenPgBroker = Callable[..., PostgresBroker]
+
+
+@pytest.fixture
+def pg_url(unique: str) -> Iterator[str]:
+    """A Postgres broker URL on a schema of the test's own, dropped after it."""
+    require_service("postgres")
+    yield f"{POSTGRES_URL}?schema={unique}"
+    drop_postgres_schema(unique)
+
+
+@pytest.fixture
+def open_pg_broker(pg_url: str) -> Iterator[OpenPgBroker]:
+    """`make(url=pg_url, **options)` opens a Postgres broker; all are closed at the end."""
+    with opened_brokers(pg_url, PostgresBroker) as make:
+        yield make

@@ -114,6 +114,95 @@ def test_higher_priority_first(make_broker: MakeBroker, queue: str) -> None:
     assert got == [b"p5", b"p1", b"p0"]
 
 
+#: The consumer of the priority test: held deliveries, and what RabbitMQ may push beyond
+#: them (a worker's `--read-ahead`), or Postgres claim beyond them while its claims come
+#: fast; the other transports claim nothing beyond `prefetch`.
+PREFETCH, AHEAD = 2, 8
+
+
+def test_high_priority_overtakes_a_backlog(make_broker: MakeBroker, queue: str,
+                                           transport: str) -> None:
+    """1,000 low-priority messages queued, then 10 high, published while a consumer works
+    through the low ones on its own thread, as a worker does (one at a time, a few ms each):
+    the 10 high start before any low message that was still ready when they arrived. The
+    lows that start after them are counted from when `publish_many` of the highs RETURNED:
+    a low started during the publish may have been claimed before any high arrived. Those
+    may only be what the consumer had already taken: `PREFETCH` held (SQLite, Postgres,
+    Redis: its last claim; kombu: its qos), plus `AHEAD` read ahead on RabbitMQ and Postgres.
+    Within a priority, FIFO."""
+    broker, publisher = make_broker(), make_broker()
+    if not broker.supports_priority:
+        pytest.skip(f"{type(broker).__name__} does not order by priority")
+    publisher.publish_many([Publication(queue, b"low %d" % i) for i in range(1000)])
+    consumer = BacklogConsumer(broker, queue)
+    consumer.start()
+    try:
+        consumer.wait(lambda started: len(started) >= 5, "the consumer to start low ones")
+        publisher.publish_many([Publication(queue, b"high %d" % i, priority=9)
+                                for i in range(10)])
+        mark = len(consumer.started)   # after the publish returned: see the docstring
+        consumer.wait(lambda started: sum(b.startswith(b"high") for b in started) == 10,
+                      "the high messages to start")
+    finally:
+        consumer.stop()
+    after = consumer.started[mark:]
+    last_high = max(i for i, body in enumerate(after) if body.startswith(b"high"))
+    lows = [body for body in after[:last_high] if body.startswith(b"low")]
+    window = PREFETCH + (AHEAD if transport in ("rabbitmq", "postgres") else 0)
+    print(f"{transport}: {len(lows)} low message(s) started between the highs' publish and "
+          f"the last high (window {window}), {mark} before")
+    assert len(lows) <= window, f"{len(lows)} low messages started first: {after}"
+    highs = [b for b in consumer.started if b.startswith(b"high")]   # some during the publish
+    assert highs == [b"high %d" % i for i in range(10)]
+    assert consumer.wrong_priority == []
+    publisher.purge(queue)
+
+
+class BacklogConsumer(threading.Thread):
+    """Consumes `queue` (prefetch `PREFETCH`, read-ahead `AHEAD`) until stopped, recording
+    each body as it starts; each takes 2 ms, then is acked."""
+
+    def __init__(self, broker: Broker, queue: str) -> None:
+        super().__init__(name="backlog-consumer", daemon=True)
+        self.broker, self.queue = broker, queue
+        self.started: list[bytes] = []
+        self.wrong_priority: list[tuple[bytes, int]] = []
+        self.failure: BaseException | None = None
+        self._stop_asked = threading.Event()
+
+    def run(self) -> None:
+        steps = self.broker.consume([self.queue], prefetch=PREFETCH, timeout=0.2, ahead=AHEAD)
+        try:
+            for delivery in steps:
+                if self._stop_asked.is_set():
+                    break
+                if delivery is None:
+                    continue
+                self.started.append(delivery.body)
+                if delivery.priority != (9 if delivery.body.startswith(b"high") else 0):
+                    self.wrong_priority.append((delivery.body, delivery.priority))
+                time.sleep(0.002)
+                self.broker.ack(delivery)
+        except BaseException as exc:  # noqa: BLE001 - the test thread reports it
+            self.failure = exc
+        finally:
+            steps.close()
+
+    def wait(self, done: Callable[[list[bytes]], bool], what: str,
+             timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(self.started):
+            assert self.failure is None, f"the consumer failed: {self.failure!r}"
+            assert self.is_alive() and time.monotonic() < deadline, \
+                f"waited {timeout:g} s for {what}: {len(self.started)} started"
+            time.sleep(0.001)
+
+    def stop(self) -> None:
+        self._stop_asked.set()
+        self.join(30)
+        assert not self.is_alive(), "the consumer did not stop"
+
+
 def test_prefetch_bounds_held_deliveries(make_broker: MakeBroker, queue: str) -> None:
     broker = make_broker()
     for i in range(4):

@@ -17,13 +17,21 @@ from pathlib import Path
 import pytest
 
 from conveyor.broker import Depth, from_url
-from conveyor.broker.kombu import KombuBroker, level_floor, level_of, parse_url
+from conveyor.broker.kombu import (
+    KombuBroker,
+    describe_limits,
+    kombu_priority,
+    level_floor,
+    level_of,
+    parse_url,
+)
 from conveyor.client import Client
-from conveyor.errors import BrokerConnectionError, ConfigError, LeaseLost
+from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
 from conveyor.message import Message
 from tests.conftest import RABBITMQ_URL, REDIS_URL, delete_redis_prefix, require_service
 from tests.contract.conftest import delete_rabbitmq_queues
 from tests.integration.workerkit import worker_env
+from tests.support import first
 
 ROOT = Path(__file__).parents[2]
 
@@ -68,9 +76,9 @@ def kombu_url(request: pytest.FixtureRequest, unique: str) -> Iterator[str]:
 def test_limits_are_named_not_hidden(kombu_url: str) -> None:
     broker = from_url(kombu_url)
     try:
-        assert isinstance(broker, KombuBroker) and not broker.supports_priority
+        assert isinstance(broker, KombuBroker) and broker.supports_priority
         line = broker.weaker_guarantees
-        assert "\n" not in line and "priorities are ignored" in line and "delays" in line
+        assert "\n" not in line and "priorities in four bands" in line and "delays" in line
         if kombu_url.startswith("kombu+redis"):
             assert "visibility timeout" in line and "crash_redelivery" in broker.unsupported
         else:
@@ -113,7 +121,7 @@ def test_conveyor_worker_on_kombu_says_what_it_cannot_keep(kombu_url: str,
         cwd=ROOT, env=worker_env(kombu_url), capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
     [line] = [x for x in done.stderr.splitlines() if "weaker guarantees" in x]
-    assert "kombu+" in line and "priorities are ignored" in line
+    assert "kombu+" in line and "priorities in four bands" in line
     assert "task=t.add" in done.stderr and "succeeded" in done.stderr
 
 
@@ -195,3 +203,53 @@ def test_a_dropped_consume_loop_gives_back_what_it_buffered(kombu_url: str,
     finally:
         owner.close()
         other.close()
+
+
+def test_priorities_become_kombus_own_per_transport() -> None:
+    """Redis: kombu pops its priority 0 first, so band 3 is 0 and band 0 is 9; AMQP: the
+    band itself (x-max-priority 3); elsewhere kombu has none."""
+    assert [kombu_priority("redis", p) for p in (0, 2, 5, 9)] == [9, 6, 3, 0]
+    assert [kombu_priority("amqp", p) for p in (0, 2, 5, 9)] == [0, 1, 2, 3]
+    assert kombu_priority("sqs", 9) is None
+    assert "priorities are ignored" in describe_limits("sqs", 30)
+
+
+def test_a_priority_keeps_its_band_through_a_delay_and_a_retry(kombu_url: str,
+                                                                unique: str) -> None:
+    broker = from_url(kombu_url)
+    queue = f"pri-{unique}"
+    try:
+        broker.publish(queue, b"high", priority=8, delay=0.5)
+        got = first(broker, [queue], timeout=10)
+        assert got is not None and (got.body, got.priority) == (b"high", 8)
+        broker.publish(queue, b"low")
+        broker.retry_later(got, 0.0)  # published after "low", in a higher band
+        again = first(broker, [queue], timeout=5)
+        assert again is not None and (again.body, again.priority) == (b"high", 8)
+        broker.ack(again)
+        low = first(broker, [queue], timeout=10)
+        assert low is not None and (low.body, low.priority) == (b"low", 0)
+        broker.ack(low)
+    finally:
+        broker.close()
+
+
+def test_an_amqp_queue_made_without_priorities_is_refused_saying_what_to_do(
+        unique: str) -> None:
+    """A kombu+amqp queue an earlier version declared without x-max-priority cannot be
+    declared with it: the error says so and what to do, instead of only RabbitMQ's 406."""
+    require_service("rabbitmq")
+    import pika
+    name = f"{unique}.old"
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        connection.channel().queue_declare(name, durable=True)
+        broker = from_url(f"kombu+{RABBITMQ_URL}?retry_seconds=1")
+        try:
+            with pytest.raises(BrokerError, match="x-max-priority 3 .* drain and delete"):
+                broker.publish(name, b"x")
+        finally:
+            broker.close()
+    finally:
+        connection.close()
+        delete_rabbitmq_queues(unique + ".")

@@ -6,6 +6,7 @@ Time is passed in (`now`), so leases lapse and buckets refill without sleeping.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -64,6 +65,10 @@ def test_at_most_max_run_and_the_rest_are_parked(limiter: Limiter) -> None:
     assert verdicts == ["run", "run", "parked", "parked"]
     usage = {u.key: u for u in limiter.usage(T0)}["tenant:a"]
     assert (usage.in_use, usage.waiting, usage.denied, usage.max) == (2, 2, 2, 2)
+    assert (usage.holders, usage.limit) == (("m0", "m1"), "max 2")
+    limiter.release("m0", [c()], T0 + 1, LEASE)       # its token goes to m2, the oldest parked
+    assert {u.key: u for u in limiter.usage(T0 + 1)}["tenant:a"].holders == ("m1", "m2")
+    assert {u.key: u for u in limiter.usage(T0 + LEASE + 2)}["tenant:a"].holders == ()
 
 
 def test_a_redelivered_holder_is_admitted_again_without_counting_twice(limiter: Limiter
@@ -228,21 +233,22 @@ def test_concurrent_admissions_never_exceed_the_limit(
 
 def test_the_broker_s_own_url_opens_its_limiter(tmp_path: Path, unique: str) -> None:
     """The default: limits beside the broker, whose URL carries options of its own."""
-    from conveyor.limits import url_for
+    from conveyor.locations import store_urls
     urls = {"sqlite": f"sqlite:///{tmp_path}/broker.db",
             "redis": f"{REDIS_URL}?prefix={unique}&retry_seconds=5&reconnect_timeout=5",
             "postgres": f"{POSTGRES_URL}?schema={unique}&ack_commit=async&retry_seconds=5"}
     for backend, broker_url in urls.items():
         if BACKENDS[backend][0]:
             require_service(str(BACKENDS[backend][0]))
-        limiter = from_url(url_for(broker_url, ""))
+        limiter = from_url(store_urls(broker_url).limits)
         try:
             assert limiter.admit(parcel(1), [c()], T0, LEASE).granted
         finally:
             limiter.close()
             clean_transport(backend, unique)
-    assert url_for("amqp://guest:guest@h/%2F", "postgresql://h/db") == "postgresql://h/db"
-    assert url_for("amqp://h/", "", "redis://r/0") == "redis://r/0"
+    assert store_urls("amqp://guest:guest@h/%2F", "postgresql://h/db").limits \
+        == "postgresql://h/db"
+    assert store_urls("amqp://h/", limits_url="redis://r/0").limits == "redis://r/0"
 
 
 def keys_of(limiter: Limiter, now: float = T0) -> set[str]:
@@ -335,3 +341,38 @@ def test_every_redis_key_and_call_of_the_limiter_is_in_one_hash_slot(unique: str
     finally:
         limiter.close()
         clean_transport("redis", unique)
+
+
+def test_a_unique_key_has_one_holder_until_that_holder_gives_it_back(limiter: Limiter) -> None:
+    now = time.time()  # Redis keeps the time to live on its own clock
+    assert limiter.hold("invoice:42", "m1", now, 60) == "m1"
+    assert limiter.hold("invoice:42", "m2", now, 60) == "m1"
+    limiter.unhold("invoice:42", "m2")  # not its holder: nothing changes
+    assert limiter.hold("invoice:42", "m3", now, 60) == "m1"
+    assert limiter.hold("invoice:43", "m3", now, 60) == "m3"  # another key is another hold
+    limiter.unhold("invoice:42", "m1")
+    assert limiter.hold("invoice:42", "m4", now, 60) == "m4"
+
+
+def test_a_unique_key_whose_time_ran_out_goes_to_the_next_holder(limiter: Limiter) -> None:
+    assert limiter.hold("report", "m1", time.time(), 0.3) == "m1"
+    time.sleep(0.5)
+    assert limiter.hold("report", "m2", time.time(), 60) == "m2"
+    limiter.unhold("report", "m1")  # the lapsed holder's late give-back takes nothing
+    assert limiter.hold("report", "m3", time.time(), 60) == "m2"
+
+
+def test_a_cancel_is_recorded_once_and_listed_until_it_lapses(
+        open_limiter: Callable[[], Limiter]) -> None:
+    """Idempotent (the second cancel says it was there), read back by another connection,
+    by the time it was made (`since`), and deleted once its time ran out."""
+    limiter, other = open_limiter(), open_limiter()
+    assert limiter.cancel("m1", T0, 60) is True
+    assert other.cancel("m1", T0 + 1, 60) is False
+    assert limiter.cancel("m2", T0 + 10, 5) is True
+    assert sorted(other.cancels(T0 + 11)) == ["m1", "m2"]
+    assert other.cancels(T0 + 11, since=T0 + 5) == ["m2"]
+    assert other.cancels(T0 + 16) == ["m1"]  # m2's time ran out
+    assert limiter.cancel("m3", T0 + 61, 60) is True  # deletes the lapsed m1 and m2
+    assert limiter.cancel("m1", T0 + 61, 60) is True  # m1 is a new record now
+    assert sorted(other.cancels(T0 + 62)) == ["m1", "m3"]

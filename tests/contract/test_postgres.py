@@ -172,7 +172,7 @@ def test_processes_starting_on_one_fresh_schema_at_once_all_migrate_it(
         assert proc.wait(timeout=60) == 0, errors
     versions = admin.execute(sql.SQL("SELECT version FROM {}.conveyor_migrations").format(
         sql.Identifier(unique))).fetchall()
-    assert versions == [(1,)]
+    assert versions == [(1,), (2,)]
 
 
 def test_a_waiting_consumer_wakes_when_a_lease_expires_not_at_the_poll(
@@ -209,7 +209,8 @@ def test_url_options_are_taken_out_of_what_libpq_sees() -> None:
     assert (settings.schema, settings.ack_query) == ("jobs", "ack")
     assert settings.params["sslmode"] == "require" and settings.params["port"] == "5433"
     assert "schema" not in settings.params and "ack_commit" not in settings.params
-    assert settings.params["options"] == "-c search_path=jobs"
+    assert settings.params["options"] == ("-c search_path=jobs "
+                                          "-c plan_cache_mode=force_custom_plan")
     assert parse_url(POSTGRES_URL).schema == "conveyor"
 
 

@@ -18,6 +18,7 @@ import pika
 import pytest
 
 from conveyor.broker import Delivery, Depth, Publication
+from conveyor.broker.bands import band_of
 from conveyor.broker.rabbitmq import (
     DELAY_LEVELS,
     DELAY_UNIT_MS,
@@ -30,6 +31,7 @@ from conveyor.broker.rabbitmq import (
     level_pattern,
     set_levels,
 )
+from conveyor.broker.rabbitmq.bands import band_queue, even_units
 from conveyor.errors import BrokerError, LeaseLost
 from tests.conftest import RABBITMQ_URL, require_service
 from tests.support import first, wait_for
@@ -246,6 +248,39 @@ def test_dead_letter_reason_time_and_count_round_trip(
     assert broker.depth(queue).dead == 0
 
 
+def test_dead_letters_deleted_between_the_existence_check_and_the_read_are_none(
+        open_broker: Callable[..., RabbitMQBroker], queue: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flaky `dead-letters list` traceback: `<queue>.dead` existed when asked (passive
+    declare) and was gone at the basic.get (ChannelClosedByBroker 404). Here it is deleted
+    at that very moment, on another connection: no dead letters, nothing taken."""
+    broker = open_broker()
+    broker.publish(queue, b"poison")
+    delivery = first(broker, [queue])
+    assert delivery is not None
+    broker.dead_letter(delivery, "bad")
+    real = broker._passive
+
+    def then_deleted(name: str) -> tuple[int, int] | None:
+        answer = real(name)
+        if name.endswith(".dead") and answer is not None:
+            connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+            try:
+                connection.channel().queue_delete(name)
+            finally:
+                connection.close()
+        return answer
+
+    monkeypatch.setattr(broker, "_passive", then_deleted)
+    assert broker.dead_letters(queue) == []
+    broker.publish(queue, b"poison 2")   # declares <queue>.dead again
+    again = first(broker, [queue])
+    assert again is not None
+    broker.dead_letter(again, "bad")
+    assert broker.requeue_dead(queue) == 0
+    assert broker.purge_dead(queue, ["any"]) == 0
+
+
 def test_rabbitmq_dead_letters_a_message_over_its_delivery_limit(
         open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
     open_broker(delivery_limit="1").publish(queue, b"crashes its worker")
@@ -273,6 +308,18 @@ def test_depth_without_the_management_plugin_raises_and_says_how_to_enable_it(
         broker.depth(queue)
 
 
+def test_queues_holding_dead_letters_unlisted_without_the_management_plugin_is_a_warning(
+        open_broker: Callable[..., RabbitMQBroker], queue: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`status` and `dead-letters list` still show what they know, and say what is missing."""
+    from conveyor.readers.queues import ALWAYS, known_queues
+    broker = open_broker(management="http://127.0.0.1:9")
+    with pytest.raises(BrokerError, match="cannot list the queues holding dead letters: "):
+        broker.dead_queues()
+    assert known_queues(None, [queue], broker) == [queue, *ALWAYS]
+    assert "queues holding dead letters are not all listed (pass them with -Q)" in caplog.text
+
+
 def test_purge_empties_ready_delayed_and_dead(open_broker: Callable[..., RabbitMQBroker],
                                               queue: str) -> None:
     consumer = open_broker()
@@ -291,17 +338,24 @@ def test_purge_empties_ready_delayed_and_dead(open_broker: Callable[..., RabbitM
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("priority", [0, 9])
 def test_in_flight_held_by_another_connection_comes_from_the_management_api(
-        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+        open_broker: Callable[..., RabbitMQBroker], queue: str, priority: int) -> None:
+    """Whatever band the held message came from (priority 9: `<queue>.pri.3`), and with a
+    message of another band ready: depth sums the bands for the autoscaler."""
     holder, observer = open_broker(), open_broker()
-    holder.publish(queue, b"held")
-    assert first(holder, [queue]) is not None
+    holder.publish(queue, b"held", priority=priority)
+    held = first(holder, [queue])
+    assert held is not None
+    holder.pause()  # its consumers go (at its next call), the held delivery stays its own
+    holder.extend_lease(held)
+    holder.publish(queue, b"ready", priority=5)
     deadline = time.monotonic() + 30  # RabbitMQ refreshes these statistics every ~5 s
-    in_flight = observer.depth(queue).in_flight  # a new queue: waits for its first statistics
-    while in_flight != 1 and time.monotonic() < deadline:
+    depth = observer.depth(queue)  # a new queue: waits for its first statistics
+    while depth.in_flight != 1 and time.monotonic() < deadline:
         time.sleep(0.2)
-        in_flight = observer.depth(queue).in_flight
-    assert in_flight == 1
+        depth = observer.depth(queue)
+    assert (depth.ready, depth.in_flight) == (1, 1)
 
 
 def test_is_empty_sees_delayed_work_without_waiting_for_statistics(
@@ -557,3 +611,68 @@ def test_publish_many_declares_again_a_queue_deleted_under_it(
         got.append(delivery.body)
         broker.ack(delivery)
     assert sorted(got) == [b"a", b"b"]
+
+
+# -- priority bands ------------------------------------------------------------------------
+
+
+def test_priorities_map_to_four_bands() -> None:
+    """The mapping the README documents: 0 (and below), 1-3, 4-6, 7 and above."""
+    assert [band_of(p) for p in (-5, 0, 1, 3, 4, 6, 7, 9, 255)] == [0, 0, 1, 1, 2, 2, 3, 3, 3]
+    assert [band_queue("q", b) for b in range(4)] == ["q", "q.pri.1", "q.pri.2", "q.pri.3"]
+    assert even_units(3, 0) == 3 and even_units(3, 2) == 4 and even_units(4, 1) == 4
+
+
+def test_a_priority_keeps_its_band_through_delay_retry_and_dead_letters(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """A delayed high message arrives in its band (the ladder's exchange 0, never level 0);
+    retry_later and a dead letter moved back keep its priority; depth sums the bands."""
+    broker = open_broker()
+    for body in (b"low 0", b"low 1", b"low 2"):
+        broker.publish(queue, body)
+    broker.publish(queue, b"high", priority=5, delay=0.3)
+    assert wait_for(lambda: broker.depth(queue) == Depth(3, 0, 1, 0), timeout=10)
+    assert wait_for(lambda: broker.depth(queue).ready == 4, timeout=10)
+    delivery = first(broker, [queue], timeout=5)
+    assert delivery is not None and (delivery.body, delivery.priority) == (b"high", 5)
+    assert wait_for(lambda: broker.depth(queue) == Depth(3, 1, 0, 0), timeout=10)
+    broker.retry_later(delivery, 0.0)
+    again = first(broker, [queue], timeout=5)
+    assert again is not None and (again.body, again.priority, again.delivery_count) == (
+        b"high", 5, 2)
+    broker.dead_letter(again, "to see it come back in its band")
+    assert broker.requeue_dead(queue) == 1
+    back = first(broker, [queue], timeout=5)
+    assert back is not None and (back.body, back.priority) == (b"high", 5)
+    broker.ack(back)
+    lows = []
+    for d in broker.consume([queue], timeout=0.5):
+        if d is None:
+            break
+        lows.append(d.body)
+        broker.ack(d)
+    assert lows == [b"low 0", b"low 1", b"low 2"]
+    assert broker.purge(queue) == 0
+
+
+def test_default_priority_traffic_never_asks_the_bands(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """A queue whose messages all have the default priority is served from its own queue
+    alone: no passive declare or get of a band, however many it consumes."""
+    broker = open_broker()
+    broker.publish_many([Publication(queue, b"%d" % i) for i in range(50)])
+    asked: list[str] = []
+    passive = broker._passive
+
+    def counted(name: str) -> tuple[int, int] | None:
+        asked.append(name)
+        return passive(name)
+    broker._passive = counted  # type: ignore[method-assign]
+    got = []
+    for delivery in broker.consume([queue], prefetch=2, timeout=0.5, ahead=8):
+        if delivery is None:
+            break
+        got.append(int(delivery.body))
+        broker.ack(delivery)
+    assert got == list(range(50))
+    assert not [name for name in asked if ".pri." in name], asked

@@ -23,6 +23,7 @@ import pika
 import pytest
 
 from conveyor.broker.rabbitmq import RabbitMQBroker
+from conveyor.broker.rabbitmq.bands import bands_high_first
 from conveyor.client import Client
 from conveyor.errors import BrokerConnectionError, BrokerError
 from conveyor.message import Message
@@ -118,7 +119,7 @@ def queue(unique: str) -> Iterator[str]:
     connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
     try:
         channel = connection.channel()
-        for member in (name, f"{name}.dead"):
+        for member in (*bands_high_first(name), f"{name}.dead"):
             channel.queue_delete(member)
     finally:
         connection.close()

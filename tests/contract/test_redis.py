@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from conveyor.broker import Depth
 from conveyor.broker.redis import WAIT_CAP, RedisBroker, parse_url
 from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
 from tests.conftest import REDIS_URL, opened_brokers, require_service
-from tests.support import first, wait_for
+from tests.support import Proxy, first, wait_for
 
 HOST, PORT = "127.0.0.1", 6379
 MakeBroker = Callable[..., RedisBroker]
@@ -82,82 +81,9 @@ def warnings_from_broker(caplog: pytest.LogCaptureFixture) -> list[str]:
             if r.name == "conveyor.broker.redis" and r.levelno == logging.WARNING]
 
 
-class Proxy:
-    """A TCP relay to Redis that a test can cut (every connection dropped, new ones refused)
-    and restore on the same port: a Redis outage without touching the shared server."""
-
-    def __init__(self) -> None:
-        self.port = 0
-        self._listener: socket.socket | None = None
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self.restore()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def restore(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(16)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        self._spawn(self._accept, listener)
-
-    def cut(self) -> None:
-        with self._lock:
-            doomed = [s for s in [self._listener, *self._sockets] if s is not None]
-            self._listener, self._sockets = None, []
-        for sock in doomed:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._threads = []
-
-    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # cut
-            upstream = socket.create_connection((HOST, PORT))
-            with self._lock:
-                if self._listener is not listener:
-                    client.close()
-                    upstream.close()
-                    return
-                self._sockets += [client, upstream]
-            self._spawn(self._pump, client, upstream)
-            self._spawn(self._pump, upstream, client)
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            return
-        try:
-            sink.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-
 @pytest.fixture
 def proxy(admin: redis.Redis) -> Iterator[Proxy]:
-    relay = Proxy()
+    relay = Proxy(HOST, PORT)
     yield relay
     relay.cut()
 
@@ -212,7 +138,7 @@ def test_publisher_reconnects_after_its_connection_is_killed(
 def test_consumer_keeps_consuming_through_an_outage(
         proxy: Proxy, make_broker: MakeBroker, unique: str, queue: str,
         admin: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
-    consumer = make_broker(f"{proxy.url}?prefix={unique}")
+    consumer = make_broker(f"redis://{proxy.address}/0?prefix={unique}")
     producer = make_broker()
 
     def outage() -> None:
@@ -238,7 +164,7 @@ def test_consumer_keeps_consuming_through_an_outage(
 
 def test_publisher_gives_up_with_a_clear_error_after_retry_seconds(
         proxy: Proxy, make_broker: MakeBroker, unique: str, queue: str) -> None:
-    publisher = make_broker(f"{proxy.url}?prefix={unique}&retry_seconds=0.5")
+    publisher = make_broker(f"redis://{proxy.address}/0?prefix={unique}&retry_seconds=0.5")
     proxy.cut()
     started = time.monotonic()
     with pytest.raises(BrokerConnectionError, match=r"publish to .* unreachable for 0.[5-9] s"):
@@ -251,7 +177,7 @@ def test_publisher_gives_up_with_a_clear_error_after_retry_seconds(
 
 def test_wakeup_interrupts_a_consumer_retrying_through_an_outage(
         proxy: Proxy, make_broker: MakeBroker, unique: str, queue: str) -> None:
-    consumer = make_broker(f"{proxy.url}?prefix={unique}")
+    consumer = make_broker(f"redis://{proxy.address}/0?prefix={unique}")
     proxy.cut()
     steps = consumer.consume([queue], timeout=60)
     timer = threading.Timer(0.5, consumer.wakeup)

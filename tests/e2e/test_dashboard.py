@@ -137,7 +137,8 @@ def test_a_dead_letter_is_previewed_and_requeued_from_the_page_then_runs(
     page.click("#token-form button")
     page.locator("table.dead tbody tr button", has_text="Requeue").click()
     page.wait_for_selector("#flash.ok")
-    assert page.inner_text("#flash") == "requeued 1 dead letter(s)"
+    assert page.inner_text("#flash") == ("requeued 1 dead letter(s), each keeping its "
+                                         "attempt count: one more try each")
     page.wait_for_selector("p.empty")
     with from_url(broker_url) as broker:
         assert (broker.depth(queue).ready, broker.depth(queue).dead) == (1, 0)
@@ -154,10 +155,10 @@ def test_actions_are_refused_without_the_token_and_the_page_says_why(
     page = browser_page
     page.goto(read_only + "dead-letters")
     assert "read-only" in page.inner_text("#read-only")
-    page.locator("table.dead tbody tr button", has_text="Requeue").click()
-    page.wait_for_selector("#flash.bad")
-    assert "actions are turned off" in page.inner_text("#flash")
+    expect(page.locator("table.dead tbody tr button", has_text="Requeue")).to_be_disabled()
     page.shot("read-only")
+    status, said = post(read_only, "/api/dead-letters/requeue", {"queue": queue, "all": True})
+    assert status == 403 and "actions are turned off" in said["error"]
 
     guarded = conveyor_ui(*flags, token="s3cret")
     doc = {"queue": queue, "all": True}

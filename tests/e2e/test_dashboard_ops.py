@@ -9,6 +9,7 @@ under the test's temp dir (screenshots/)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +22,9 @@ import pytest
 from conveyor import broker as brokers
 from conveyor.client import Client
 from conveyor.message import Message
+from conveyor.scheduler.sampler import sample
 from conveyor.state import store as stores
+from conveyor.state.monitoring import Workers
 from tests.conftest import POSTGRES_URL, drop_postgres_schema, require_service
 from tests.e2e.conftest import UiStarter
 from tests.e2e.test_up import interrupt, read_until, start_up
@@ -49,23 +52,10 @@ def up_env(request: pytest.FixtureRequest, tmp_path: Path, unique: str
         drop_postgres_schema(unique)
 
 
-@pytest.fixture
-def ups() -> Iterator[list[subprocess.Popen[str]]]:
-    """Every `up` the test starts: killed by pid if the test left it running."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
 def test_queues_workers_and_autoscaler_pages_over_a_real_up(
-        up_env: dict[str, str], ups: list[subprocess.Popen[str]], conveyor_ui: UiStarter,
+        up_env: dict[str, str], processes: list[subprocess.Popen[str]], conveyor_ui: UiStarter,
         browser_page: Any) -> None:
-    up = start_up(up_env, ups)
+    up = start_up(up_env, processes)
     read_until(up, "of revenue: success", timeout=120)
     state_url, broker_url = up_env["CONVEYOR_STATE_URL"], up_env["CONVEYOR_BROKER_URL"]
     store = stores.from_url(state_url)
@@ -92,8 +82,11 @@ def queues_page(page: Any, address: str) -> None:
     assert chart.locator("svg.chart.depth path.line.in_flight").count() == 1  # the held task
     assert chart.locator("svg.chart.finished rect.bar.succeeded").count() >= 1
     assert chart.locator("svg.chart.finished rect.bar.failed").count() >= 1  # a retried task
-    failed = int(row.locator("td").nth(6).inner_text())
-    assert failed >= 1 and row.locator("td").nth(7).inner_text().endswith("%")
+    failed = int(row.locator("td").nth(7).inner_text())
+    assert failed >= 1 and row.locator("td").nth(8).inner_text().endswith("%")
+    assert re.fullmatch(r"\d+ workers? \(\d+ slots\)", row.locator("td").nth(5).inner_text())
+    events = page.locator("table.queues tbody tr", has_text="conveyor.scheduler.events")
+    assert events.locator("td").nth(5).inner_text() == "1 scheduler"   # up's, by its lease
     page.shot("queues")
 
 
@@ -137,6 +130,32 @@ def workers_page(page: Any, address: str, broker_url: str) -> None:
 def fabricate_a_silent_worker(store: stores.Store) -> None:
     """A worker whose heartbeats stopped a minute ago (killed, frozen or cut off)."""
     then = time.time() - 60
-    store.exec("upsert_worker", worker_id="crashed-box:4242", hostname="crashed-box", pid=4242,
+    Workers(store).beat(worker_id="crashed-box:4242", hostname="crashed-box", pid=4242,
                queues="default", concurrency=4, busy=1, interval=2.0, started_at=then - 600,
                now=then, runners=None)
+
+
+def test_the_queues_page_says_not_sampled_and_no_consumer_instead_of_zeros(
+        tmp_path: Path, conveyor_ui: UiStarter, browser_page: Any) -> None:
+    """A queue with failures while no scheduler sampled, and work nobody listens to."""
+    state, broker_url = f"sqlite:///{tmp_path}/s.db", f"sqlite:///{tmp_path}/broker.db"
+    store = stores.from_url(state)
+    try:
+        with brokers.from_url(broker_url) as broker:
+            broker.publish("b1_nowhere", b"{}")
+            then = time.time() - 1800            # a scheduler sampled half an hour ago
+            sample(store, broker, ["b1_nowhere"], then - 15, 15)
+            sample(store, broker, ["b1_nowhere"], then, 15, {"b1_nowhere": (3, 0)})
+    finally:
+        store.close()
+    address = conveyor_ui("--state", state, "--broker", broker_url, "-Q", "b1_nowhere")
+    page = browser_page
+    page.goto(address + "queues")
+    cells = page.locator("table.queues tbody tr", has_text="b1_nowhere").locator("td")
+    assert cells.nth(1).inner_text() == "1"
+    assert cells.nth(5).inner_text() == "none"
+    assert "warn" in (cells.nth(5).locator("span").get_attribute("class") or "")
+    assert [cells.nth(i).inner_text() for i in (6, 7, 8)] == ["not sampled"] * 3
+    assert "no scheduler has sampled it since" in (
+        cells.nth(7).locator("span").get_attribute("title") or "")
+    page.shot("queues-not-sampled")

@@ -10,6 +10,7 @@ from pathlib import Path
 from conveyor import limits
 from conveyor.flow import Spec
 from conveyor.limits import Parcel
+from conveyor.locations import store_urls
 from tests.support import conveyor
 
 
@@ -18,7 +19,7 @@ def test_set_list_clear(tmp_path: Path) -> None:
     assert "no limits yet" in conveyor("limits", "list", env=env).stdout
     conveyor("limits", "set", "partner-api", "--per-second", "5", env=env)
     conveyor("limits", "set", "tenant:acme", "--max", "1", env=env)
-    store = limits.from_url(limits.url_for(env["CONVEYOR_BROKER_URL"], ""))
+    store = limits.from_url(store_urls(env["CONVEYOR_BROKER_URL"]).limits)
     try:
         spec = [Spec("c", "tenant:acme", max=5)]
         assert store.admit(Parcel("m1", "q", b"{}"), spec, time.time(), 30).granted

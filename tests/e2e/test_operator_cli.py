@@ -29,6 +29,7 @@ from tests.conftest import (
     require_service,
 )
 from tests.integration.workerkit import finish, start_worker, task_message, worker_env
+from tests.support import wait_for
 
 URLS = {"sqlite": (None, "sqlite:///{tmp}/broker.db"),
         "redis": ("redis", REDIS_URL + "?prefix={name}"),
@@ -299,9 +300,13 @@ def test_celery_intake_rejections_show_up_without_naming_their_queue(
         rejected = f"celery.{celery_queue}.rejected"
         row = wait_for_dead_letter(capsys, flags, rejected, worker)
         assert row["message_id"] == pickled.id and "pickle" in row["reason"]
-        code, out, _ = run(capsys, "status", "--json", *flags)
-        [depth] = [q for q in json.loads(out)["queues"] if q["queue"] == rejected]
-        assert code == 0 and depth["dead"] == 1
+        # RabbitMQ: the listing browses the dead letters (get, then nack), and the depth
+        # that status reads counts one again only once the broker applied the nack
+        def dead_in_status() -> bool:
+            code, out, _ = run(capsys, "status", "--json", *flags)
+            [depth] = [q for q in json.loads(out)["queues"] if q["queue"] == rejected]
+            return code == 0 and depth["dead"] == 1
+        wait_for(dead_in_status, timeout=15, what=f"status to count {rejected}'s dead letter")
         code, out, _ = run(capsys, "dead-letters", "show", pickled.id, *flags)
         assert code == 0 and f"queue:       {rejected}" in out and "body_base64" in out
     finally:
@@ -324,3 +329,50 @@ def wait_for_dead_letter(capsys: pytest.CaptureFixture[str], flags: list[str], q
         time.sleep(0.2)
     worker.terminate()
     raise AssertionError(f"no dead letter on {queue}:\n{worker.communicate(timeout=60)[0]}")
+
+
+def test_dead_letters_of_a_queue_nobody_consumes_show_in_list_and_status(
+        capsys: pytest.CaptureFixture[str], broker_url: str, clean_env: Path,
+        unique: str) -> None:
+    """No -Q, no worker on the queue, no run naming it: the broker's own listing finds it."""
+    queue = f"orphan-{unique}"
+    flags = ["--broker", broker_url, "--state", f"sqlite:///{clean_env}/s.db"]
+    dead_letter(broker_url, queue, ["app.lost"], "unknown task: no --app registers it")
+
+    def listed() -> list[dict[str, object]]:
+        code, out, err = run(capsys, "dead-letters", "list", "--json", *flags)
+        assert code == 0, err
+        return [r for r in json.loads(out)["dead_letters"] if r["queue"] == queue]
+
+    # RabbitMQ's management statistics (how its dead queues are found) lag a few seconds
+    [row] = wait_for(listed, timeout=30, what=f"{queue}'s dead letter in dead-letters list")
+    assert row["task"] == "app.lost"
+    code, out, _ = run(capsys, "status", "--json", *flags)
+    [shown] = [q for q in json.loads(out)["queues"] if q["queue"] == queue]
+    assert code == 0 and shown["dead"] == 1
+    with from_url(broker_url) as broker:
+        broker.purge(queue)
+
+
+def test_on_kombu_the_listing_says_it_is_partial_and_q_shows_the_queue(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+        clean_env: Path, unique: str) -> None:
+    """kombu cannot list its queues: `dead-letters list` and `status` still show what they
+    know and warn that a queue nobody consumes must be named; with -Q it shows."""
+    require_service("redis")
+    url = f"kombu+{REDIS_URL}?prefix={unique}:"
+    queue = f"orphan-{unique}"
+    flags = ["--broker", url, "--state", f"sqlite:///{clean_env}/s.db"]
+    try:
+        dead_letter(url, queue, ["app.lost"], "unknown task: no --app registers it")
+        for command in (["dead-letters", "list"], ["status"]):
+            caplog.clear()
+            code, out, err = run(capsys, *command, "--json", *flags)
+            assert code == 0, err
+            assert ("queues holding dead letters are not all listed (pass them with -Q): a "
+                    "kombu transport cannot list its queues") in caplog.text
+            assert queue not in out
+        code, out, err = run(capsys, "dead-letters", "list", "--json", "-Q", queue, *flags)
+        assert [r["task"] for r in json.loads(out)["dead_letters"]] == ["app.lost"]
+    finally:
+        delete_redis_prefix(unique)

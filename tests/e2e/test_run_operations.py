@@ -1,4 +1,4 @@
-"""`dags pause|unpause`, `tasks clear` and `tasks mark` from the command line, with --json,
+"""`dags pause|unpause`, `tasks clear`, `tasks mark` and `tasks retry` from the command line,
 against a running scheduler and worker (real processes)."""
 
 from __future__ import annotations
@@ -42,6 +42,14 @@ def run_state(env: dict[str, str], run_id: str) -> str:
         store.close()
 
 
+def task_state(env: dict[str, str], run_id: str, task_id: str) -> str:
+    store = from_url(env["CONVEYOR_STATE_URL"])
+    try:
+        return str(store.one("run_ti_by_task", run_id=run_id, task_id=task_id)["state"])
+    finally:
+        store.close()
+
+
 def trigger(env: dict[str, str], dag: str) -> str:
     return str(json.loads(conveyor("dags", "trigger", dag, "--json", env=env).stdout)["run_id"])
 
@@ -80,6 +88,33 @@ def test_pause_clear_and_mark_from_the_command_line(env: dict[str, str]) -> None
         refused = conveyor("tasks", "clear", run_id, "nope", env=env, check=False)
         assert refused.returncode != 0 and "no task 'nope'" in refused.stderr
         assert "Traceback" not in refused.stderr and len(refused.stderr.splitlines()) == 1
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
+def test_retry_runs_a_waiting_retry_now_from_the_command_line(
+        env: dict[str, str], tmp_path: Path) -> None:
+    marker = tmp_path / "tried"
+    (Path(env["CONVEYOR_DAGS_FOLDER"]) / "flaky.py").write_text(
+        "from conveyor.scheduler import DAG\n"
+        "dag = DAG('flaky', retries=1, retry_delay=3600)\n"
+        f"dag.command('once', ['sh', '-c', 'test -e {marker} || (touch {marker}; false)'])\n")
+    procs = [spawn("worker", "--queues", "default", "--log-level", "WARNING", env=env),
+             spawn("scheduler", "--log-level", "WARNING", env=env)]
+    try:
+        run_id = trigger(env, "flaky")
+        wait_for(marker.exists, what="the first attempt to fail")
+        wait_for(lambda: task_state(env, run_id, "once") == "up_for_retry",
+                 what="the failure to reach the scheduler")
+        retried = json.loads(conveyor("tasks", "retry", run_id, "once", "--json",
+                                      env=env).stdout)   # not in an hour: now
+        assert retried == {"run_id": run_id, "task_id": "once", "attempt": 2}
+        wait_for(lambda: run_state(env, run_id) == "success", what="attempt 2 to run now")
+
+        again = conveyor("tasks", "retry", run_id, "once", env=env, check=False)
+        assert again.returncode != 0 and "it is success, not up_for_retry" in again.stderr
+        assert "Traceback" not in again.stderr and len(again.stderr.splitlines()) == 1
     finally:
         for proc in procs:
             stop(proc)

@@ -85,7 +85,7 @@ def test_submit_a_failing_command_retries_then_fails_with_its_error(env: dict[st
     scheduler = spawn("scheduler", "--log-level", "WARNING", env=env)
     try:
         done = conveyor("submit", "flaky", "--retries", "1", "--retry-delay", "0.05", "--wait",
-                        "--timeout", "60", "--json", "--command", "sh", "-c",
+                        "--timeout", "120", "--json", "--command", "sh", "-c",
                         "echo out of cheese >&2; exit 3", env=env, check=False)
     finally:
         stop(scheduler)

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +26,13 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {**clean, "CONVEYOR_HOME": str(tmp_path / "home")}
 
 
-@pytest.fixture
-def ups() -> Iterator[list[subprocess.Popen[str]]]:
-    """Every `up` a test starts: killed (by pid) if the test left it running."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        close(proc)
-
-
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
-def start_up(env: dict[str, str], ups: list[subprocess.Popen[str]],
+def start_up(env: dict[str, str], processes: list[subprocess.Popen[str]],
              ui_port: int = 0) -> subprocess.Popen[str]:
     """`conveyor up` in the test's directory; its logs go to up.log there."""
     folder = Path(env["CONVEYOR_HOME"]).parent
@@ -54,7 +41,7 @@ def start_up(env: dict[str, str], ups: list[subprocess.Popen[str]],
                                  "--drain-timeout=5", f"--ui-port={ui_port}"], env=env,
                                 text=True, cwd=folder,
                                 stdout=subprocess.PIPE, stderr=logs)
-    ups.append(proc)
+    processes.append(proc)
     return proc
 
 
@@ -136,9 +123,9 @@ def interrupt(proc: subprocess.Popen[str]) -> list[int]:
 
 
 def test_up_runs_revenue_to_success_drains_on_ctrl_c_and_resumes(
-        env: dict[str, str], ups: list[subprocess.Popen[str]]) -> None:
+        env: dict[str, str], processes: list[subprocess.Popen[str]]) -> None:
     port = free_port()
-    first = start_up(env, ups, ui_port=port)
+    first = start_up(env, processes, ui_port=port)
     lines = read_until(first, "of revenue: success")
     assert any("broker       sqlite:///" in line for line in lines)
     run_id = lines[-1].split()[1]
@@ -152,7 +139,7 @@ def test_up_runs_revenue_to_success_drains_on_ctrl_c_and_resumes(
     shown_values(env, run_id)
     assert interrupt(first) == []
 
-    second = start_up(env, ups)
+    second = start_up(env, processes)
     read_until(second, f"run {run_id} of revenue: today's run exists (success), resuming it")
     assert interrupt(second) == []
     runs = conveyor_json(env, "runs", "list")["runs"]
@@ -180,19 +167,44 @@ def shown_values(env: dict[str, str], run_id: str) -> None:
     assert '{"rows": 1200, "path": ' in table and "…" in table, table
 
 
+def argvs() -> list[tuple[int, str]]:
+    """(parent pid, command line) of every process, as any process of the host reads them."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((path / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (path / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError, IndexError):
+            continue   # gone meanwhile
+        found.append((ppid, cmdline.decode(errors="replace")))
+    return found
+
+
 def test_up_runs_the_same_system_on_redis_and_postgres(
-        env: dict[str, str], ups: list[subprocess.Popen[str]], unique: str) -> None:
+        env: dict[str, str], processes: list[subprocess.Popen[str]], unique: str) -> None:
     from tests.conftest import POSTGRES_URL, REDIS_URL, clean_transport, require_service
     require_service("redis")
     require_service("postgres")
+    # a password (trust auth ignores it) that no process may show in its argv
+    state_url = POSTGRES_URL.replace("postgres@", "postgres:pw@", 1) + f"?schema={unique}"
     env = {**env, "CONVEYOR_BROKER_URL": f"{REDIS_URL}?prefix={unique}",
-           "CONVEYOR_STATE_URL": f"{POSTGRES_URL}?schema={unique}"}
+           "CONVEYOR_STATE_URL": state_url}
     try:
-        proc = start_up(env, ups)
+        proc = start_up(env, processes)
         lines = read_until(proc, "of revenue: success")
         assert any(f"broker       {REDIS_URL}?prefix={unique}" in line for line in lines)
+        see = next(line for line in lines if line.startswith("  see "))  # a new shell's URLs
+        masked = state_url.replace("postgres:pw@", "postgres:***@", 1)
+        assert (f"export CONVEYOR_BROKER_URL='{REDIS_URL}?prefix={unique}' "
+                f"CONVEYOR_STATE_URL='{masked}')") in see, see
+        children = [cmdline for ppid, cmdline in argvs() if ppid == proc.pid]
+        assert any(" scheduler " in cmdline for cmdline in children), children
+        assert not [cmdline for _, cmdline in argvs() if unique in cmdline]   # nor pw
         shown_values(env, lines[-1].split()[1])
-        assert interrupt(proc) == []
+        proc.send_signal(signal.SIGINT)     # one Ctrl-C: the scheduler stops by itself,
+        stopped = read_until(proc, "conveyor up: stopped")[-1]   # not by a second SIGTERM
+        assert "(scheduler exit 0)" in stopped, stopped
+        assert proc.wait(timeout=60) == 0
         runs = conveyor_json(env, "runs", "list")["runs"]
         assert [r["state"] for r in runs] == ["success"]  # type: ignore[attr-defined]
     finally:
@@ -201,8 +213,8 @@ def test_up_runs_the_same_system_on_redis_and_postgres(
 
 
 def test_a_second_ctrl_c_is_a_cold_stop(env: dict[str, str],
-                                        ups: list[subprocess.Popen[str]]) -> None:
-    proc = start_up({**env, "CONVEYOR_REVENUE_PAUSE": "60"}, ups)   # clean_orders: 60 s
+                                        processes: list[subprocess.Popen[str]]) -> None:
+    proc = start_up({**env, "CONVEYOR_REVENUE_PAUSE": "60"}, processes)   # clean_orders: 60 s
     run_id = read_until(proc, "of revenue: created")[-1].split()[1]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -237,7 +249,7 @@ a = dag.task(first)
 
 
 def test_up_follows_a_dag_file_that_brings_a_new_task_module(
-        tmp_path: Path, env: dict[str, str], ups: list[subprocess.Popen[str]]) -> None:
+        tmp_path: Path, env: dict[str, str], processes: list[subprocess.Popen[str]]) -> None:
     """The workers `up` started import the task modules the DAGs needed then; a new module
     (mods_b) reaches them without a restart: they drain, new ones import it, and only then
     does the scheduler run the new version."""
@@ -250,7 +262,7 @@ def test_up_follows_a_dag_file_that_brings_a_new_task_module(
     pipe = dags / "pipe.py"
     pipe.write_text(PIPE.format(more_import="", more=""))
     env.update(CONVEYOR_DAGS_FOLDER=str(dags), CONVEYOR_DAGS_RELOAD_INTERVAL="0.3")
-    up = start_up(env, ups)
+    up = start_up(env, processes)
     read_until(up, "stop         Ctrl-C")
 
     def run_pipe() -> dict[str, Any]:
@@ -273,4 +285,51 @@ def test_up_follows_a_dag_file_that_brings_a_new_task_module(
     assert second["run"]["state"] == "success", second
     assert {t["task_id"]: t["state"] for t in second["tasks"]} == {
         "first": "success", "second": "success"}
+    assert interrupt(up) == []
+
+
+FLOW = '''
+from conveyor import DAG, task
+
+
+@task(name="flow.answer")
+def answer() -> int:
+    return {value}
+
+
+dag = DAG("flow")
+dag.task(answer)
+'''
+
+
+def test_up_runs_a_task_its_dag_file_defines_and_follows_the_file(
+        tmp_path: Path, env: dict[str, str], processes: list[subprocess.Popen[str]]) -> None:
+    """No --app module registers flow.answer: up's workers import the DAG files, and are
+    replaced when the file changes, so the next run has the task's new code."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "flow.py").write_text(FLOW.format(value=1))
+    env.update(CONVEYOR_DAGS_FOLDER=str(dags), CONVEYOR_DAGS_RELOAD_INTERVAL="0.3")
+    up = start_up(env, processes)
+    read_until(up, "stop         Ctrl-C")
+
+    def answer() -> Any:
+        done = subprocess.run([sys.executable, "-m", "conveyor.cli", "dags", "trigger", "flow",
+                               "--wait", "--timeout=90", "--json"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)["tasks"][0]["result"]
+
+    assert answer() == 1
+    (dags / "flow.py").write_text(FLOW.format(value=2))
+    log = tmp_path / "up.log"
+    deadline = time.monotonic() + 30
+    while "(and the DAG files defining flow.answer@" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    # a run triggered while the old workers get their drain signal may still be theirs
+    answers = [answer()]
+    while answers[-1] != 2 and time.monotonic() < deadline + 30:
+        answers.append(answer())
+    assert answers[-1] == 2 and set(answers) <= {1, 2}, answers
     assert interrupt(up) == []

@@ -16,7 +16,8 @@ def producer(broker_url: str, backend_url: str, queue: str, keyprefix: str = "")
     `keyprefix` (Redis broker) puts every key kombu writes under it (global_keyprefix): its
     queue, bindings and its `unacked` hash, which without one is shared by every kombu
     client of the database, so anyone's restore could bring a test's messages back after
-    the test deleted its queue. Its tasks are `app.tasks["t.add"]` and `app.tasks["t.fail"]`.
+    the test deleted its queue. Its tasks are `app.tasks["t.add"]`, `["t.tsum"]` and
+    `["t.fail"]`.
     """
     app = Celery("conveyor-migration-test", broker=broker_url, backend=backend_url)
     app.conf.update(task_default_queue=queue, task_serializer="json",
@@ -27,6 +28,10 @@ def producer(broker_url: str, backend_url: str, queue: str, keyprefix: str = "")
 
     @app.task(name="t.add", shared=False)
     def add(a: int, b: int) -> int:  # runs on Conveyor, never here
+        raise AssertionError("the Celery producer must not run tasks itself")
+
+    @app.task(name="t.tsum", shared=False)
+    def tsum(values: list[int]) -> int:  # a chord's callback, run on Conveyor too
         raise AssertionError("the Celery producer must not run tasks itself")
 
     @app.task(name="t.fail", shared=False)

@@ -31,8 +31,9 @@ from conveyor.broker.sqlite import SQLiteBroker
 from conveyor.errors import BrokerConnectionError
 from conveyor.flow import limits_of
 from conveyor.limits import Override, Parcel
+from conveyor.locations import store_urls
 from conveyor.message import Codec
-from tests.integration import flow_tasks
+from tests import flow_tasks
 
 NS = "conveyor"
 COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -375,7 +376,7 @@ def test_ready_messages_a_full_limit_blocks_do_not_scale_it_up(
         for _ in range(500)])
     steps = broker.consume([unique], prefetch=2)
     running = [next(steps), next(steps)]  # claimed and holding the key's two tokens
-    store = limits.from_url(limits.url_for(broker_url, ""))
+    store = limits.from_url(store_urls(broker_url).limits)
     for delivery in running:
         assert delivery is not None
         message = codec.decode(delivery.body)

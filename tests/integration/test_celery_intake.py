@@ -10,11 +10,15 @@ the result documents.
 from __future__ import annotations
 
 import base64
+import gc
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -35,9 +39,9 @@ from conveyor.celery_intake.redis_feed import RedisFeed
 from conveyor.client import Client
 from tests.conftest import RABBITMQ_URL, REDIS_URL, delete_redis_prefix, require_service
 from tests.integration.celery_app import producer
-from tests.integration.tracing_export import EXPORTER, read
 from tests.integration.workerkit import APP, ROOT, worker_env
-from tests.support import wait_for
+from tests.support import Proxy, wait_for
+from tests.tracing_export import EXPORTER, read
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +103,10 @@ def setup(request: pytest.FixtureRequest, unique: str, tmp_path: Path) -> Iterat
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=30)
-    s.app.close()
+    with warnings.catch_warnings():   # what Celery's results leave open when collected
+        warnings.simplefilter("ignore", ResourceWarning)
+        s.app.close()
+        gc.collect()
     delete_redis_prefix(unique)
     delete_celery_side(request.param, queue, s.task_ids)
 
@@ -212,7 +219,9 @@ def _raised(setup: Setup, result: Any) -> tuple[str, tuple[Any, ...], Any]:
 
 def test_pickled_and_expired_messages_are_dead_lettered_with_reasons(setup: Setup) -> None:
     """The worker consumes first: on RabbitMQ Celery gives an expired message a TTL of 0,
-    so RabbitMQ itself drops it unless a consumer takes it at once."""
+    so RabbitMQ itself drops it unless a consumer takes it at once. The pickled one is
+    refused by the intake (`celery.Q.rejected`); the expired one is converted and
+    dead-lettered by the worker, as any message past its `expires` (`celery.Q`)."""
     app = setup.app
     setup.worker()
     assert setup.get(app.send_task("t.add", args=(4, 4))) == 8, setup.output()
@@ -225,15 +234,68 @@ def test_pickled_and_expired_messages_are_dead_lettered_with_reasons(setup: Setu
         setup.get(expired)
     broker = from_url(setup.conveyor_url)
     try:
-        dead = wait_dead(broker, f"celery.{setup.queue}.rejected", 2)
+        dead = wait_dead(broker, f"celery.{setup.queue}.rejected", 1)
+        [late] = wait_dead(broker, f"celery.{setup.queue}", 1)
     finally:
         broker.close()
     by_id = {json.loads(d.body)["id"]: d for d in dead}
     assert "pickle" in by_id[pickled.id].reason and "never deserializes" in by_id[pickled.id].reason
-    assert by_id[expired.id].reason.startswith("expired")
+    assert json.loads(late.body)["id"] == expired.id
+    assert late.reason.startswith("expired: not started by its deadline"), late.reason
     kept = json.loads(by_id[pickled.id].body)
     assert kept["content_type"] == "application/x-python-serialize"
     assert base64.b64decode(kept["body_base64"]).startswith(b"\x80")  # pickle, still opaque
+
+
+def test_a_celery_expires_that_passes_while_the_task_waits_is_revoked_not_run(
+        setup: Setup) -> None:
+    """Still ahead when the intake converts it, Celery's `expires` becomes the message's
+    own: both slots busy past it, the worker acks it unrun and Celery reads REVOKED."""
+    app = setup.app
+    setup.worker()
+    # The 2 s start only once the intake converts: a worker still starting on a loaded machine
+    # let RabbitMQ drop the message by the TTL Celery sets from expires (nothing to revoke).
+    assert setup.get(app.send_task("t.add", args=(0, 0)), timeout=60) == 0, setup.output()
+    busy = [app.send_task("t.sleep", args=(4,)) for _ in range(2)]
+    late = app.send_task("t.add", args=(1, 2), expires=datetime.now(UTC) + timedelta(seconds=2))
+    with pytest.raises(TaskRevokedError, match="expired"):
+        setup.get(late)
+    assert [setup.get(r) for r in busy] == ["slept", "slept"], setup.output()
+    assert "expired: not started by its deadline" in setup.output()
+
+
+def test_revoke_keeps_a_queued_task_from_starting_and_terminate_stops_a_running_one(
+        setup: Setup, tmp_path: Path) -> None:
+    """Celery's `revoke()` reaches the intake as a pidbox broadcast: without terminate a
+    queued task never starts and a running one goes on; with terminate it is stopped."""
+    app = setup.app
+    setup.worker("--concurrency=1", "--cancel-grace=1")
+    started, never = tmp_path / "running.pid", tmp_path / "queued.pid"
+    running = app.send_task("t.sleep", args=(60, str(started)))
+    queued = app.send_task("t.sleep", args=(60, str(never)))
+    wait_for(started.exists, what="the first task to start", detail=setup.output)
+    pid = int(started.read_text())
+    replies = wait_for(lambda: app.control.revoke(queued.id, reply=True, timeout=1.0),
+                       what="the intake to answer a revoke", detail=setup.output)
+    assert any(f"tasks {queued.id} flagged as revoked" in str(r) for r in replies)
+    app.control.revoke(running.id)                    # no terminate: it goes on
+    time.sleep(1.5)
+    assert pid_alive(pid), setup.output()
+    app.control.revoke(running.id, terminate=True)
+    wait_for(lambda: not pid_alive(pid), timeout=3, what="the running task to be stopped",
+             detail=setup.output)
+    for result in (running, queued):
+        with pytest.raises(TaskRevokedError, match="revoked"):
+            setup.get(result, timeout=15)
+    assert not never.exists()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def wait_dead(broker: Broker, queue: str, count: int, timeout: float = 10) -> list[Any]:
@@ -404,3 +466,37 @@ def test_a_batch_a_killed_feed_held_comes_back_while_the_restore_mutex_is_stuck(
         if keys:
             raw.delete(*keys)
         raw.close()
+
+
+def test_the_redis_feed_rides_out_a_lost_redis_connection(
+        unique: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Redis away under a running feed (a Proxy cut): one line per turn tried again, the
+    feed does not stop; Redis back, it moves a message sent then."""
+    require_service("redis")
+    prefix, queue = f"{unique}:", "cq"
+    proxy = Proxy("127.0.0.1", 6379)
+    broker = from_url(f"sqlite:///{tmp_path}/broker.db")
+    feed = RedisFeed(celery_connection(f"redis://{proxy.address}/0?global_keyprefix={prefix}"),
+                     (queue,), Client(broker), lambda name: None)
+    caplog.set_level(logging.WARNING, logger="conveyor.celery_intake")
+    running = threading.Thread(target=feed.run, daemon=True)
+    running.start()
+    try:
+        proxy.cut()
+        wait_for(lambda: sum("trying again in 1 s" in r.getMessage()
+                             for r in caplog.records) >= 2, 20, "two turns tried again")
+        assert running.is_alive()
+        proxy.restore()
+        app = Celery("outage-test", broker=REDIS_URL,
+                     broker_transport_options={"global_keyprefix": prefix})
+        sent = app.send_task("t.add", args=(1, 2), queue=queue)
+        app.close()
+        moved = next(broker.consume([f"celery.{queue}"], timeout=20.0))
+        assert moved is not None and json.loads(moved.body)["id"] == sent.id
+    finally:
+        feed.should_stop = True
+        running.join(timeout=10)
+        proxy.cut()
+        feed.connection.release()
+        broker.close()
+        delete_redis_prefix(unique)

@@ -97,19 +97,34 @@ def test_other_serializers_are_rejected_by_name_without_reading_the_body(
     assert named in out.reason and "JSON only" in out.reason
 
 
-@pytest.mark.parametrize(("options", "phrase"), [
-    ({"expires": NOW - timedelta(seconds=1)}, "before it could run"),
-    ({"expires": 10, "countdown": 60}, "before its eta")])
-def test_expired_messages_are_rejected_as_revoked(options: dict[str, Any], phrase: str) -> None:
+@pytest.mark.parametrize(("options", "delay"), [
+    ({"expires": NOW - timedelta(seconds=1)}, 0.0),
+    ({"expires": NOW - timedelta(seconds=1), "countdown": 60}, 0.0),
+    ({"expires": 10, "countdown": 60}, 60.0)])
+def test_expired_messages_are_converted_for_the_worker_to_dead_letter(
+        options: dict[str, Any], delay: float) -> None:
+    """The intake refuses no expired message: it keeps its `expires`, and the worker
+    dead-letters it `expired` as any other (one code path). Already past: delivered at once;
+    passing before its eta: at its eta, when it is certainly past."""
     out = run(celery_message(**options))
-    assert isinstance(out, Rejected) and out.state == "REVOKED"
-    assert out.reason.startswith("expired") and phrase in out.reason
+    assert isinstance(out, Accepted)
+    assert out.delay == pytest.approx(delay, abs=0.01)
+    assert out.message.expired(NOW.timestamp() + out.delay)
+
+
+def test_an_expires_still_ahead_becomes_the_messages_own() -> None:
+    """The worker, not the intake, then refuses it if it waits past that time."""
+    out = run(celery_message(expires=NOW + timedelta(seconds=90)))
+    assert isinstance(out, Accepted)
+    assert out.message.expires == pytest.approx(NOW.timestamp() + 90)
+    assert not out.message.expired(NOW.timestamp() + 89)
+    assert out.message.expired(NOW.timestamp() + 90)
 
 
 @pytest.mark.parametrize(("body", "phrase"), [
     (b"{not json", "not valid JSON"), (b'{"task": "protocol 1"}', "[args, kwargs, embed]"),
     (json.dumps([[1], {}, {"callbacks": [{"task": "x"}], "chain": None}]).encode(),
-     "canvas (callbacks)")])
+     "link/link_error callbacks (callbacks)")])
 def test_malformed_bodies_and_canvas_are_rejected(body: bytes, phrase: str) -> None:
     out = run(celery_message(body=body))
     assert isinstance(out, Rejected) and phrase in out.reason

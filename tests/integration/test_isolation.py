@@ -43,8 +43,8 @@ def _require_root(why: str) -> None:
 
 
 @pytest.fixture
-def limiter() -> Iterator[cgroups.Limiter]:
-    """A real cgroup limiter, closed (and checked to leave nothing behind) after the test."""
+def caps() -> Iterator[cgroups.MemoryCaps]:
+    """Real cgroup memory caps, closed (and checked to leave nothing behind) after the test."""
     found = cgroups.detect()
     if found.kind == "rlimit":
         found.close()
@@ -113,10 +113,10 @@ def _await_byte(fd: int, timeout: float = 30.0) -> bytes:
 
 
 def test_task_over_its_cap_is_oom_killed_alone_in_its_cgroup(
-        limiter: cgroups.Limiter, children: list[int]) -> None:
+        caps: cgroups.MemoryCaps, children: list[int]) -> None:
     """Scenario 1: the rogue task dies inside its own cgroup; its sibling and we carry on."""
-    rogue = limiter.prepare(f"rogue-{uuid.uuid4().hex[:8]}", 64 * MiB)
-    calm = limiter.prepare(f"calm-{uuid.uuid4().hex[:8]}", 64 * MiB)
+    rogue = caps.prepare(f"rogue-{uuid.uuid4().hex[:8]}", 64 * MiB)
+    calm = caps.prepare(f"calm-{uuid.uuid4().hex[:8]}", 64 * MiB)
     ready_r, ready_w = os.pipe()
     finish_r, finish_w = os.pipe()
 
@@ -159,9 +159,9 @@ def test_rlimit_fallback_fails_allocation_with_memory_error_and_warns_once(
         caplog: pytest.LogCaptureFixture, children: list[int]) -> None:
     cgroups.reset_fallback_warning()
     caplog.set_level(logging.WARNING, logger="conveyor.worker.cgroups")
-    with cgroups.detect(force="rlimit") as limiter, cgroups.detect(force="rlimit") as again:
-        assert limiter.kind == again.kind == "rlimit"
-        slot = limiter.prepare("rlimit-task", 64 * MiB)
+    with cgroups.detect(force="rlimit") as caps, cgroups.detect(force="rlimit") as again:
+        assert caps.kind == again.kind == "rlimit"
+        slot = caps.prepare("rlimit-task", 64 * MiB)
 
         def task() -> int:
             slot.enter()
@@ -185,11 +185,11 @@ def test_rlimit_fallback_fails_allocation_with_memory_error_and_warns_once(
         assert plain_words in warnings[0]
 
 
-def test_limits_can_be_set_lowered_and_lifted(limiter: cgroups.Limiter) -> None:
+def test_limits_can_be_set_lowered_and_lifted(caps: cgroups.MemoryCaps) -> None:
     """Writing order matters on v1 (memsw >= memory at every instant): every step succeeds."""
-    slot = limiter.prepare(f"limits-{uuid.uuid4().hex[:8]}", 0)
+    slot = caps.prepare(f"limits-{uuid.uuid4().hex[:8]}", 0)
     assert slot.path is not None
-    cap = slot.path / ("memory.max" if limiter.kind == "cgroup2" else "memory.limit_in_bytes")
+    cap = slot.path / ("memory.max" if caps.kind == "cgroup2" else "memory.limit_in_bytes")
     for limit in (64 * MiB, 32 * MiB, 256 * MiB, 0):
         slot.set_limit(limit)
         written = cap.read_text().strip()
@@ -199,16 +199,16 @@ def test_limits_can_be_set_lowered_and_lifted(limiter: cgroups.Limiter) -> None:
             assert written == "max" or int(written) >= 2**62
     slot.remove()
     with pytest.raises(cgroups.CgroupError, match="not allowed"):
-        limiter.prepare("../escape", MiB)
+        caps.prepare("../escape", MiB)
     with pytest.raises(cgroups.CgroupError, match="negative"):
-        limiter.prepare("negative", -1)
+        caps.prepare("negative", -1)
 
 
 def test_an_unreadable_oom_counter_is_an_error_naming_the_cgroup(
-        limiter: cgroups.Limiter) -> None:
+        caps: cgroups.MemoryCaps) -> None:
     """A cgroup removed behind the worker's back: the per-task OOM check must say so, not
     report "no OOM kill" (the supervisor would then call a killed task a success)."""
-    slot = limiter.prepare(f"gone-{uuid.uuid4().hex[:8]}", MiB)
+    slot = caps.prepare(f"gone-{uuid.uuid4().hex[:8]}", MiB)
     assert slot.path is not None
     os.rmdir(slot.path)
     with pytest.raises(cgroups.CgroupError, match="could not read the OOM counter of .*gone-"):
@@ -220,10 +220,10 @@ def test_an_unreadable_oom_counter_is_an_error_naming_the_cgroup(
 
 
 def test_remove_kills_what_a_task_left_and_close_leaves_no_cgroup(
-        limiter: cgroups.Limiter, children: list[int]) -> None:
-    slot = limiter.prepare(f"leaver-{uuid.uuid4().hex[:8]}", 64 * MiB)
-    forgotten = limiter.prepare(f"forgotten-{uuid.uuid4().hex[:8]}", 64 * MiB)
-    group: Path = limiter.group  # type: ignore[attr-defined]
+        caps: cgroups.MemoryCaps, children: list[int]) -> None:
+    slot = caps.prepare(f"leaver-{uuid.uuid4().hex[:8]}", 64 * MiB)
+    forgotten = caps.prepare(f"forgotten-{uuid.uuid4().hex[:8]}", 64 * MiB)
+    group: Path = caps.group  # type: ignore[attr-defined]
     assert slot.path is not None and slot.path.is_dir() and forgotten.path is not None
     ready_r, ready_w = os.pipe()
 
@@ -251,17 +251,17 @@ def test_remove_kills_what_a_task_left_and_close_leaves_no_cgroup(
 
     # a forked child calling close() must not tear down its parent's cgroups
     def close_in_child() -> int:
-        limiter.close()
+        caps.close()
         return 0
 
     assert _wait(_fork(close_in_child, children)) == 0
     assert forgotten.path.is_dir()
-    limiter.close()
+    caps.close()
     assert not forgotten.path.exists() and not group.exists()
 
 
 def test_remove_sends_an_admitted_runner_home_alive(
-        limiter: cgroups.Limiter, children: list[int]) -> None:
+        caps: cgroups.MemoryCaps, children: list[int]) -> None:
     """A runner forked ahead of need is admitted per task and outlives the task's cgroup."""
     def idle_runner() -> int:
         time.sleep(120)
@@ -269,7 +269,7 @@ def test_remove_sends_an_admitted_runner_home_alive(
 
     runner = _fork(idle_runner, children)
     home = Path(f"/proc/{os.getpid()}/cgroup").read_text()
-    slot = limiter.prepare(f"admitted-{uuid.uuid4().hex[:8]}", 64 * MiB)
+    slot = caps.prepare(f"admitted-{uuid.uuid4().hex[:8]}", 64 * MiB)
     slot.admit(runner)
     assert slot.path is not None and runner in cgroups._pids(slot.path)
     slot.remove()

@@ -232,13 +232,13 @@ def test_a_python_the_worker_cannot_exec_is_one_line(monkeypatch: pytest.MonkeyP
     from conveyor.worker.pool import Pool
 
     monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
-    limiter = cgroups.detect(force="rlimit")
+    caps = cgroups.detect(force="rlimit")
     try:
         with pytest.raises(ConfigError, match="cannot start the runner zygote with "
                            "/nonexistent/python3: No such file or directory"):
-            Pool([], {}, lambda: None, limiter)
+            Pool([], {}, lambda: None, caps)
     finally:
-        limiter.close()
+        caps.close()
 
 
 def test_a_worker_that_may_not_read_its_home_says_so_in_one_line(shared: Path) -> None:

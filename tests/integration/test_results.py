@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import results
 from conveyor.client import Client
 from conveyor.config import Settings
 from conveyor.errors import DeadLettered, ResultError, ResultTimeout, TaskFailed
@@ -53,6 +52,17 @@ def test_the_caller_gets_the_value(client: Client, broker_url: str, unique: str)
     out = finish(start_worker(broker_url, unique))
     assert handle.result(timeout=30) == 42, out
     assert handle.status() == "succeeded"
+
+
+def test_a_task_that_raises_skip_is_skipped_once_with_a_none_result(
+        client: Client, broker_url: str, unique: str) -> None:
+    """Skip is not a failure: acked on its first attempt (it has 3 retries), status
+    'skipped', and result() returns None, as Airflow's skipped task has no XCom."""
+    handle = send(client, "t.skip", unique, "nothing to do")
+    out = finish(start_worker(broker_url, unique))
+    assert handle.result(timeout=30) is None, out
+    assert handle.status() == "skipped"
+    assert "attempt=1 skipped" in out and "-> ack nothing to do" in out and "retry" not in out
 
 
 def test_a_failure_for_good_is_raised_with_its_remote_traceback(
@@ -114,7 +124,7 @@ def test_kill_9_before_the_result_is_stored_gives_one_final_value(
     and the caller gets that run's value, once."""
     log = tmp_path / "runs"
     store = client.results()   # creates results.db and its table
-    url = results.url_for(Settings(broker_url=broker_url))
+    url = Settings(broker_url=broker_url).stores().results
     lock = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     handle = client.enqueue(Message(queue=unique, task="t.which_run", args=(str(log),),

@@ -278,6 +278,21 @@ def test_pending_past_its_timeout_fails_with_the_clusters_reason(cluster: FakeCl
     assert cluster.pods == {}
 
 
+def test_a_pod_whose_attempt_timed_out_is_withdrawn(cluster: FakeCluster,
+                                                    tmp_path: Path) -> None:
+    """A pod reads no `expires`: the scheduler deletes the Pending pod of an attempt it
+    timed out for not starting, so it can never start later."""
+    executor = KubernetesExecutor(kube_api(cluster), image="trainer:1", pending_timeout=300,
+                                  resync=0.5)
+    dag = DAG("gpu")
+    dag.command("train", ["sh", "-c", "exit 0"], executor="kubernetes", queued_timeout=1,
+                executor_config={"node_selector": {"pool": "gpu"}})
+    done = run_dag(dag, executor, tmp_path)
+    assert done["tasks"]["train"]["state"] == "failed"
+    assert [a["outcome"] for a in done["attempts"]] == ["queued_timeout"]
+    assert len(cluster.created) == 1 and cluster.pods == {}
+
+
 def test_oom_killed_pods_report_their_memory_limit(cluster: FakeCluster,
                                                    tmp_path: Path) -> None:
     executor = KubernetesExecutor(kube_api(cluster), image="i", resync=1.0)
@@ -286,6 +301,20 @@ def test_oom_killed_pods_report_their_memory_limit(cluster: FakeCluster,
     done = run_dag(dag, executor, tmp_path)
     assert done["attempts"][0]["outcome"] == "oom_killed"
     assert "was OOM-killed (memory limit 1073741824)" in done["tasks"]["hog"]["error"]
+
+
+def test_a_pod_exiting_with_a_skip_code_is_skipped_not_retried(cluster: FakeCluster,
+                                                                tmp_path: Path) -> None:
+    executor = KubernetesExecutor(kube_api(cluster), image="i", resync=1.0)
+    dag = DAG("skips", executor="kubernetes")
+    check = dag.command("check", ["sh", "-c", "exit 99"], retries=2, retry_delay=0)
+    check >> dag.command("load", ["sh", "-c", "exit 0"])
+    done = run_dag(dag, executor, tmp_path)
+    check_ti = done["tasks"]["check"]
+    assert (check_ti["state"], check_ti["attempt"]) == ("skipped", 1)
+    assert "exited with code 99 (skip_on_exit_code)" in check_ti["error"]
+    assert done["tasks"]["load"]["state"] == "skipped"
+    assert done["run"]["state"] == "success" and len(cluster.created) == 1
 
 
 def test_a_redone_publish_finds_the_pod_already_there(cluster: FakeCluster) -> None:

@@ -17,9 +17,13 @@ from psycopg import sql
 
 from conveyor.events import Event
 from conveyor.scheduler import DAG
-from conveyor.scheduler.engine import Engine, workload
+from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.readiness import Readiness
 from conveyor.scheduler.runs import create_run
-from conveyor.state.store import Row, from_url
+from conveyor.scheduler.workloads import workload
+from conveyor.state.records import TaskInstance
+from conveyor.state.store import from_url
+from conveyor.state.tasks import TaskInstances
 from tests.conftest import POSTGRES_URL, require_service
 from tests.support import RecordingExecutor, conveyor, event, spawn, stop, wait_for
 
@@ -133,7 +137,7 @@ class HoldsAfterFirst(Engine):
     holding = threading.Event()
 
     def _apply_event(self, event: Event, ref: tuple[str, int] | None,
-                     tis: Mapping[str, Row], now: float) -> list[Row]:
+                     tis: Mapping[str, TaskInstance], now: float) -> list[TaskInstance]:
         ready = super()._apply_event(event, ref, tis, now)
         if not self.holding.is_set():
             self.holding.set()
@@ -153,10 +157,11 @@ def test_recording_a_publish_waits_for_a_batch_of_events_holding_the_run(
     stores = [from_url(f"{state_url}&application_name=sched_{n}") for n in "ab"]
     run_id = create_run(stores[0], dag, T0, executors=["queue"])
     with stores[0].transaction():                # queued, not yet recorded as published
-        stores[0].rows("start_queued_runs", now=T0, limit=10, publish_grace=60.0)
-        queued = stores[0].rows("dispatch_ready", run_id=run_id, now=T0, publish_grace=60.0)
+        stores[0].rows("start_queued_runs", now=T0, limit=10)
+        queued = Readiness(TaskInstances(stores[0])).whole_run(
+            run_id, T0, claim={"scheduler": "gone", "lease": 60.0})
     # B records them in position order: A takes them the other way round
-    backwards = [workload(ti, "events") for ti in sorted(queued, key=lambda t: -t["position"])]
+    backwards = [workload(ti, "events") for ti in sorted(queued, key=lambda t: -t.position)]
     a = HoldsAfterFirst(stores[0], {"queue": RecordingExecutor()}, dags={"pair": dag})
     recorder = RecordingExecutor()
     b = Engine(stores[1], {"queue": recorder}, dags={"pair": dag})
@@ -218,3 +223,53 @@ def test_two_scheduler_processes_dispatch_each_task_once(state_url: str,
     finally:
         store.close()
     assert len(attempts) == 42 and {a["attempt"] for a in attempts} == {1}
+
+
+def test_two_engines_racing_on_a_map_expand_it_once_and_close_it_once(
+        state_url: str) -> None:
+    """Each run maps `double` over [1, 2]: both engines apply extract's success at once (one
+    expands, the other's duplicate changes nothing), then each applies the success of one
+    instance at once: the map is closed once and `total` dispatched once per run."""
+    dag = DAG("maps")
+    numbers = dag.command("extract", ["true"])
+    doubled = dag.task("m.double", id="double").expand(n=numbers)
+    dag.task("m.total", id="total", args=[doubled])
+    stores = [from_url(state_url), from_url(state_url)]
+    executors = [RecordingExecutor(), RecordingExecutor()]
+    engines = [Engine(s, {"queue": e}, dags={"maps": dag}) for s, e in zip(stores, executors,
+                                                                            strict=True)]
+    runs = [create_run(stores[0], dag, T0 + i, executors=["queue"]) for i in range(20)]
+    engines[0].tick(T0)
+    extracts = {w.message.headers["run"]: w for w in executors[0].sent}
+    executors[0].sent.clear()
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def apply(engine: Engine, index: int) -> None:
+        try:
+            for run_id in runs:
+                barrier.wait(timeout=10)
+                engine.handle(event(extracts[run_id], "succeeded", T0, result=[1, 2]), T0)
+                barrier.wait(timeout=10)
+                work = next(w for e in executors for w in e.sent
+                            if w.message.headers["run"] == run_id
+                            and w.message.headers["task_id"] == f"double[{index}]")
+                engine.handle(event(work, "succeeded", T0, result=index), T0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=apply, args=(engines[i], i)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    sent = [(w.message.headers["run"], w.message.headers["task_id"]) for e in executors
+            for w in e.sent]
+    assert sorted(sent) == sorted((r, t) for r in runs for t in ("double[0]", "double[1]",
+                                                                  "total"))
+    totals = [w.message.args for e in executors for w in e.sent
+              if w.message.headers["task_id"] == "total"]
+    assert totals == [([0, 1],)] * len(runs)
+    for store in stores:
+        store.close()

@@ -1,5 +1,5 @@
 """OpenTelemetry traces across real processes: a client, a worker (supervisor and runners),
-a scheduler. Each process exports through tests/integration/tracing_export.py (the SDK's
+a scheduler. Each process exports through tests/tracing_export.py (the SDK's
 in-memory exporter, written through to a file), and the test reads the spans back."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 
 from conveyor.tracing import run_ids
 from tests.conftest import REDIS_URL, clean_transport, require_service
-from tests.integration.tracing_export import EXPORTER, read
 from tests.integration.workerkit import ROOT, finish, start_worker, worker_env
 from tests.support import conveyor, spawn, stop
+from tests.tracing_export import EXPORTER, read
 
 pytestmark = pytest.mark.slow
 
@@ -90,6 +90,26 @@ def test_enqueue_claim_run_outcome_are_one_trace_across_processes(
     assert {c["parent"] for c in claims} == {one(fail, "enqueue t.fail")["span"]}
     assert all(r["status"] == "ERROR" and "exception" in r["events"] for r in runs)
     assert sorted(c["attributes"]["conveyor.action"] for c in claims) == ["dead_letter", "retry"]
+
+
+def test_a_follow_up_enqueued_by_a_task_is_a_child_of_its_run(redis_url: str, q: str,
+                                                               tmp_path: Path) -> None:
+    """The runner loads no SDK and holds no broker: its worker publishes the follow-up, and
+    makes its `enqueue` span, under the `run` span of the task that asked (issue 27)."""
+    spans_file = tmp_path / "spans.jsonl"
+    env = traced_env(redis_url, spans_file)
+    enqueue_from_a_client_process(env, f"queue={q!r}, task='t.follow_up', "
+                                       f"args=(41, 1, {q + '-r'!r})")
+    out = finish(start_worker(redis_url, q, "--concurrency=1", env=env))
+    spans = read(spans_file)
+    run = one(spans, "run t.follow_up")
+    enqueue = one(spans, "enqueue t.add")
+    assert (enqueue["trace"], enqueue["parent"]) == (run["trace"], run["span"]), out
+    assert enqueue["service"] == "conveyor-worker" and enqueue["kind"] == "PRODUCER"
+    assert run["start"] <= enqueue["start"] <= enqueue["end"] <= run["end"]
+    claim = one(spans, "claim t.add")
+    assert claim["parent"] == enqueue["span"]
+    assert one(spans, "outcome t.add")["attributes"]["conveyor.outcome"] == "succeeded"
 
 
 def test_a_dag_run_is_one_trace_with_its_task_instances_as_children(

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from conveyor.state import store as stores
-from conveyor.worker.registry import WorkerRecord, workers
+from conveyor.state.monitoring import Workers
+from conveyor.state.records import WorkerRecord
 from tests.integration.workerkit import (
     enqueue,
     finish,
@@ -36,13 +37,13 @@ def test_the_heartbeat_shows_a_runners_memory_against_its_cap(tmp_path: Path, un
 
         def counted() -> bool:
             return any((w.runners or {}).get("finished", {}).get(unique) == [1, 2]
-                       for w in workers(store))
+                       for w in Workers(store).all())
 
         wait_for(counted, 60, "a heartbeat counting 1 succeeded and 2 failed tasks")
         enqueue(broker, task_message("t.hold", unique, 48, 30.0))
 
         def holding() -> WorkerRecord | None:
-            for record in workers(store):
+            for record in Workers(store).all():
                 slots = (record.runners or {}).get("slots", [])
                 if any(s["task"] == "t.hold" and (s["memory"] or 0) >= 48 * MiB
                        for s in slots):
@@ -62,5 +63,5 @@ def test_the_heartbeat_shows_a_runners_memory_against_its_cap(tmp_path: Path, un
         stop_cold(worker)   # the held task is not waited for
         finish(worker)
         broker.close()
-    assert workers(store) == []   # a clean stop removes the row
+    assert Workers(store).all() == []   # a clean stop removes the row
     store.close()

@@ -8,13 +8,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from conveyor import limits
 from conveyor.broker import Broker, from_url
 from conveyor.client import Client
+from conveyor.config import Settings
 from conveyor.events import Event
 from conveyor.message import Codec, Message
+from tests.conftest import clean_transport, require_service
+from tests.contract.conftest import TRANSPORTS
 
 ROOT = Path(__file__).parents[2]
 APP = "tests.integration.worker_tasks"
@@ -102,3 +108,89 @@ def wait_event(broker: Broker, queue: str, kind: str, timeout: float = 30) -> Ev
 
 def open_broker(url: str) -> Broker:
     return from_url(url)
+
+
+@dataclass(frozen=True)
+class Ticks:
+    """What a `t.tick` task wrote (worker_tasks.py), on CLOCK_MONOTONIC: when its first run
+    started, when that run's soft time limit reached it (None: never), its last tick; and
+    how many runs started (a redelivery starts another)."""
+
+    started: float
+    soft: float | None
+    last: float
+    runs: int
+
+    @property
+    def lasted(self) -> float:
+        """Seconds from the first run's start to its last tick: when it was killed, to
+        within a tick (20 ms)."""
+        return self.last - self.started
+
+
+def read_ticks(path: Path) -> Ticks | None:
+    """The `t.tick` record at `path`, or None before its first run started."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    starts = [n for n, line in enumerate(lines) if line.startswith("start ")]
+    if not starts:
+        return None
+    first = lines[starts[0]:starts[1] if len(starts) > 1 else None]
+    started = float(first[0].split()[2])
+    stamps = []
+    for line in first[1:]:
+        kind, _, at = line.partition(" ")
+        try:
+            stamps.append((kind, float(at)))
+        except ValueError:
+            continue  # its last line, cut short by the kill
+    soft = next((at for kind, at in stamps if kind == "soft"), None)
+    last = max((at for kind, at in stamps if kind == "tick"), default=started)
+    return Ticks(started, soft, last, len(starts))
+
+
+@dataclass
+class Setup:
+    """A test's broker on one transport, a client on it, its queue, and the environment
+    its workers get."""
+
+    url: str
+    queue: str
+    broker: Broker
+    client: Client
+    env: dict[str, str]
+
+    def worker(self, *flags: str, burst: bool = True) -> subprocess.Popen[str]:
+        return start_worker(self.url, self.queue, *flags, burst=burst, env=self.env)
+
+
+SetupT = TypeVar("SetupT", bound=Setup)
+
+
+@contextmanager
+def transport_url(transport: str, tmp_path: Path, unique: str) -> Iterator[str]:
+    """A broker URL on `transport` (a name from tests/contract/conftest.py) holding the test's
+    unique name; what the test left on the server is removed after it."""
+    service, make_url = TRANSPORTS[transport]
+    if service:
+        require_service(service)
+    try:
+        yield make_url(tmp_path, unique)
+    finally:
+        clean_transport(transport, unique)
+
+
+@contextmanager
+def transport_setup(kind: type[SetupT], transport: str, tmp_path: Path, unique: str,
+                    queue: str, **env: str) -> Iterator[SetupT]:
+    """A `kind` of Setup on `transport` (see `transport_url`), with the state store a SQLite
+    file both sides are told of (where RabbitMQ and kombu keep unique keys and cancels)."""
+    with transport_url(transport, tmp_path, unique) as url:
+        worker = worker_env(url, CONVEYOR_STATE_URL=f"sqlite:///{tmp_path}/state.db", **env)
+        settings = Settings.from_env(worker)
+        broker = open_broker(url)
+        client = Client(broker, settings=settings,
+                        limiter=limits.from_url(settings.stores().limits))
+        try:
+            yield kind(url, queue, broker, client, worker)
+        finally:
+            client.close()

@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
-from conveyor.autoscaler.config import load, parse
+from conveyor import config
+from conveyor.autoscaler.config import SHARED, load, parse
 from conveyor.autoscaler.policy import Rule
 from conveyor.cli import main
 from conveyor.errors import ConfigError
+from conveyor.settings_table import ROWS
 
 K8S = {"kind": "kubernetes", "deployment": "worker-default", "queues": ["default"]}
 LOCAL = {"kind": "local", "queues": ["default"]}
@@ -91,6 +93,11 @@ def test_bad_target_settings_name_the_key(target: dict[str, Any], fragment: str)
 
 @pytest.mark.parametrize("data,fragment", [
     ({"metrics_port": -1}, "metrics_port = -1: must be a port"),
+    ({"broker_url": "redis:/h"}, "broker_url = 'redis:/h': must be a URL"),
+    ({"state_url": "postgresql://h:x/db"}, "state_url = 'postgresql://h:x/db': its port in "
+                                           "'h:x' is not a number"),
+    ({"limits_url": "redis://h/zero"}, "limits_url = 'redis://h/zero': its database 'zero' is "
+                                       "not a number"),
     ({"brokr_url": "x"}, "brokr_url = 'x': is not a setting here"),
     ({"kubernetes": {"namespace": ""}}, "kubernetes.namespace = '': must not be empty"),
     ({"targets": [K8S]}, "targets = [{"),
@@ -119,3 +126,13 @@ def test_the_command_stops_at_start_with_one_line(tmp_path: Path,
     assert main(["autoscaler", f"--config={path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"conveyor: {path}: targets.default.max_replicas = -3: must be 1 or more")
+
+
+def test_the_file_s_shared_keys_are_the_settings_table_s() -> None:
+    """broker_url, state_url, limits_url (and metrics_port, the file's name of
+    autoscaler_metrics_port) are settings of the one table, checked as it checks them: a
+    wrong URL stops the autoscaler at start, not at its first connection."""
+    for key, env in SHARED.items():
+        assert env in ROWS
+        assert key == config.key_name(env) or (key, env) == (
+            "metrics_port", "CONVEYOR_AUTOSCALER_METRICS_PORT")

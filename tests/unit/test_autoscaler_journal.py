@@ -13,23 +13,16 @@ from conveyor.state.store import Store
 T0 = 1_700_000_000.0
 
 
-def url_of(store: Store) -> str:
-    """The URL of the fixture's store, for the journal's own connection."""
-    if store.dialect == "sqlite":
-        return f"sqlite:///{store.path}"  # type: ignore[attr-defined]
-    from tests.conftest import POSTGRES_URL
-    return f"{POSTGRES_URL}?schema={store.schema}"  # type: ignore[attr-defined]
-
-
 EVALUATION = Evaluation(target="workers", kind="local", queues="default,heavy", replicas=1,
                         desired=2, min_replicas=0, max_replicas=4, ready=7, in_flight=1,
                         reason="7 ready + 1 in flight over 4 slots per replica", error=None,
                         polling_interval=5.0)
 
 
-def test_an_unchanged_evaluation_is_written_once_per_keepalive(store: Store) -> None:
+def test_an_unchanged_evaluation_is_written_once_per_keepalive(
+        store: Store, state_url: str) -> None:
     now = [T0]
-    journal = Journal(url_of(store), clock=lambda: now[0])
+    journal = Journal(state_url, clock=lambda: now[0])
     journal.evaluated(EVALUATION)
     now[0] = T0 + 5
     journal.evaluated(EVALUATION)                          # the same: not written
@@ -45,9 +38,9 @@ def test_an_unchanged_evaluation_is_written_once_per_keepalive(store: Store) -> 
 
 
 def test_replica_changes_are_kept_newest_first_and_forgotten_after_retention(
-        store: Store) -> None:
+        store: Store, state_url: str) -> None:
     now = [T0]
-    journal = Journal(url_of(store), clock=lambda: now[0])
+    journal = Journal(state_url, clock=lambda: now[0])
     journal.scaled("workers", 0, 1, "activated: 3 ready + 0 in flight > activation threshold 0")
     now[0] = T0 + 60
     journal.scaled("workers", 1, 3, "9 ready + 3 in flight over 4 slots per replica")
@@ -61,7 +54,7 @@ def test_replica_changes_are_kept_newest_first_and_forgotten_after_retention(
     [target] = store.rows("scalers")
     assert target["replicas"] is None and target["error"] == "deployment workers: 403 Forbidden"
 
-    later = Journal(url_of(store), clock=lambda: T0 + RETENTION + 30)
+    later = Journal(state_url, clock=lambda: T0 + RETENTION + 30)
     later.scaled("workers", 3, 2, "stabilised")
     later.close()
     assert [r["to_replicas"] for r in store.rows("recent_scalings", limit=10)] == [2, 3]

@@ -47,3 +47,14 @@ def test_only_intake_queues_bring_a_rejected_queue() -> None:
     assert rejects_of("celery.reports") == "celery.reports.rejected"
     assert rejects_of("celery.reports.rejected") is None
     assert rejects_of("default") is None
+
+
+def test_took_is_never_negative() -> None:
+    """An attempt that started after its end was recorded (a start after its timeout)."""
+    from conveyor.cli.runs import _took
+    from conveyor.readers.runs import took
+    assert _took({"started_at": 10.0, "ended_at": 12.5}) == "2.500s"
+    assert _took({"started_at": None, "ended_at": 12.5}) == ""
+    assert _took({"started_at": 10.0, "ended_at": None}) == ""
+    late = {"started_at": 43.0, "ended_at": 12.0}
+    assert _took(late) == "started late" and took(late) is None   # the dashboard's too

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conveyor import cli, config
 from conveyor.config import Settings
 from conveyor.errors import ConfigError
+from conveyor.scheduler.config import ENV_VARS, SchedulerConfig
+from conveyor.scheduler.sampler import DEFAULT_INTERVAL
+from conveyor.settings_table import ROWS
+from conveyor.worker.config import READ_AHEAD
 
 
 @pytest.fixture
@@ -88,8 +96,170 @@ def test_config_show_gives_sources_and_masks_secrets(
     assert rows["drain_timeout"]["source"] == "default"
 
 
+def test_config_show_names_the_embedded_files_an_unset_url_means(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`conveyor config show` is where the Troubleshooting table sends a reader to check the
+    URL: with none set, it shows the SQLite files the commands use, not an empty value."""
+    assert cli.main(["config", "show"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    broker = next(line for line in lines if line.startswith("broker_url "))
+    state = next(line for line in lines if line.startswith("state_url "))
+    assert f"(embedded) sqlite:///{home / 'data' / 'conveyor.db'}" in broker
+    assert " default " in broker
+    assert f"(embedded) sqlite:///{home / 'data' / 'scheduler.db'}" in state
+    assert not (home / "data").exists()          # naming the file creates nothing
+    assert cli.main(["config", "show", "--json"]) == 0   # a script's value stays the setting
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["settings"]}
+    assert rows["broker_url"]["value"] == "" and rows["state_url"]["value"] == ""
+
+
 def test_every_setting_has_help_and_one_variable_per_key() -> None:
     _, catalog = cli.build_parser()
     for key in catalog.values():
         assert key.help, key.env
         assert key.env.startswith("CONVEYOR_") and config.key_name(key.env) == key.name
+
+
+#: CONVEYOR_* names in src that are not settings: what a worker or an executor hands to a
+#: task (its context, its attempt), and the example DAG's own knobs.
+NOT_SETTINGS = re.compile(r"CONVEYOR_(CTX(_[A-Z_]+)?|TI|ATTEMPT|REVENUE_[A-Z]+)$")
+SRC = Path(__file__).parents[2] / "src" / "conveyor"
+
+
+def test_every_conveyor_variable_in_the_source_is_a_setting_config_show_lists(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CONVEYOR_DAG_IMPORT_TIMEOUT, CONVEYOR_SCHEDULER_EVENT_LEASE and CONVEYOR_EVENTS_QUEUE
+    were read by the scheduler and missing from the catalog: `config show` left them out and
+    a conveyor.toml holding them was refused."""
+    _, catalog = cli.build_parser()
+    known = set(catalog) | {key.renamed.env for key in catalog.values() if key.renamed}
+    named = {name for path in SRC.rglob("*.py")
+             for name in re.findall(r"CONVEYOR_[A-Z_]*[A-Z]", path.read_text())}
+    assert {n for n in named if not NOT_SETTINGS.match(n)} - known == set()
+    assert cli.main(["config", "show", "--json"]) == 0
+    shown = {row["env"] for row in json.loads(capsys.readouterr().out)["settings"]}
+    assert set(catalog) <= shown
+
+
+def test_the_scheduler_settings_are_read_from_the_file_too(home: Path) -> None:
+    (home / "conveyor.toml").write_text(
+        'dag_import_timeout = 2\nscheduler_event_lease = 1.5\nevents_queue = "ev"\n'
+        'scheduler_control_queue = "ctl"\nscheduler_start_grace = 0\nsigning_key = "k"\n')
+    assert cli.main(["config", "show"]) == 0    # the file is not refused
+    config = SchedulerConfig.from_env()
+    assert (config.dag_import_timeout, config.event_lease, config.events_queue,
+            config.control_queue, config.start_grace) == (2.0, 1.5, "ev", "ctl", 0.0)
+    assert config.settings.signing_key == "k"   # the shared settings too, as the worker has
+
+
+def test_the_table_gives_the_scheduler_its_own_defaults() -> None:
+    """The table's row and the part's own constant say the same default (the rows with a
+    flag give it as its text: executors "queue")."""
+    default = SchedulerConfig()
+    for name, env in ENV_VARS.items():
+        if env in ROWS and not ROWS[env].flags:
+            assert ROWS[env].default == getattr(default, name), env
+    assert ROWS["CONVEYOR_QUEUE_SAMPLE_INTERVAL"].default == DEFAULT_INTERVAL
+    assert ROWS["CONVEYOR_READ_AHEAD"].default == READ_AHEAD
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("scheduler_event_lease = 0", "scheduler_event_lease='0' is not allowed: must be a number "
+                                  "of seconds, more than 0"),
+    ("dag_import_timeout = \"soon\"", "dag_import_timeout='soon' is not allowed"),
+    ("home = \"/srv\"", "home is read from the environment only: set CONVEYOR_HOME instead"),
+])
+def test_a_wrong_scheduler_or_environment_only_setting_in_the_file_is_one_line(
+        home: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
+    (home / "conveyor.toml").write_text(text + "\n")
+    assert cli.main(["config", "show"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("broker", "state", "expected"), [
+    ("", "", ("{home}/conveyor.db", "{home}/scheduler.db", "{home}/results.db",
+              "{home}/conveyor.db", "{home}/scheduler.db")),
+    ("redis://h:6379/0?prefix=p", "", ("redis://h:6379/0?prefix=p", "{home}/scheduler.db",
+                                       "redis://h:6379/0?prefix=p", "redis://h:6379/0?prefix=p",
+                                       None)),
+    ("postgresql://u@h/db?schema=s&ack_commit=sync", "sqlite:///s.db",
+     ("postgresql://u@h/db?schema=s&ack_commit=sync", "sqlite:///s.db",
+      "postgresql://u@h/db?schema=s", "postgresql://u@h/db?schema=s&ack_commit=sync",
+      "sqlite:///s.db")),
+    ("postgres://u@h/db", "", ("postgres://u@h/db", "{home}/scheduler.db", "postgres://u@h/db",
+                               "postgres://u@h/db?commit=async", None)),
+    ("amqp://g@h//", "postgresql://u@h/state", ("amqp://g@h//", "postgresql://u@h/state",
+                                                "postgresql://u@h/state",
+                                                "postgresql://u@h/state",
+                                                "postgresql://u@h/state")),
+    ("kombu+redis://h/0", "", ("kombu+redis://h/0", "{home}/scheduler.db",
+                               "{home}/scheduler.db", "{home}/scheduler.db", None)),
+])
+def test_every_store_url_is_resolved_in_one_place_from_the_broker_url(
+        home: Path, broker: str, state: str, expected: tuple[str | None, ...]) -> None:
+    """broker, state, results, limits, registry: what `Settings.stores()` hands each part."""
+    data = f"sqlite:///{home / 'data'}"
+    urls = Settings(broker_url=broker, state_url=state).stores()
+    assert (urls.broker, urls.state, urls.results, urls.limits, urls.registry) == tuple(
+        e.format(home=data) if e else e for e in expected)
+    given = Settings(broker_url=broker, result_url="redis://r/1", limits_url="redis://r/2")
+    assert (given.stores().results, given.stores().limits) == ("redis://r/1", "redis://r/2")
+
+
+#: Options that say what to do this once (which run, which message, print JSON), not how a
+#: deployment runs: no variable and no file key, so not in the table.
+THIS_ONCE = {"--all", "--args", "--burst", "--command", "--conf", "--count", "--dag", "--delay",
+             "--executor", "--expires", "--fresh", "--from", "--id", "--index", "--json",
+             "--kwargs",
+             "--limit", "--logical-date", "--max", "--memory-limit", "--only", "--per-second",
+             "--pin-code", "--priority", "--queue", "--raw", "--reason", "--retries",
+             "--retry-delay", "--source",
+             "--run-state", "--runs", "--time-limit", "--timeout", "--to", "--unique-for",
+             "--unique-key", "--wait", "--wide", "--write"}
+
+
+def commands(parser: argparse.ArgumentParser, words: str = "") -> Iterator[tuple[str, Any]]:
+    """(command, its parser) for every command and sub-command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from commands(sub, f"{words} {name}".strip())
+    if words:
+        yield words, parser
+
+
+def test_every_flag_of_every_command_is_a_setting_or_says_what_to_do_once() -> None:
+    """A flag that configures a deployment has a variable and a file key, and is in the
+    table `config show` lists; the others are the short list above."""
+    parser, catalog = cli.build_parser()
+    renamed = {key.renamed.flag for key in catalog.values() if key.renamed}
+    for command, sub in commands(parser):
+        settings = {flag for key in catalog.values() if command in key.commands
+                    for flag in key.flags_of.get(command, key.flags)}
+        for action in sub._actions:
+            for flag in (f for f in action.option_strings if f.startswith("--")):
+                if flag in ("--help", *renamed) or (command, flag) == ("demo", "--broker"):
+                    continue   # demo: the embedded broker unless told, whatever the environment
+                assert flag in settings or flag in THIS_ONCE, f"conveyor {command} {flag}"
+
+
+def test_a_setting_of_the_table_is_spelled_there_only() -> None:
+    """`--broker` was declared by seven commands: a flag's spelling, default and help are its
+    row's, and a flag with no row is refused."""
+    parser = config.SettingsParser(prog="conveyor worker")
+    with pytest.raises(TypeError, match="CONVEYOR_BROKR_URL is not a setting: add its row"):
+        config.env_flag(parser, env="CONVEYOR_BROKR_URL")
+    _, catalog = cli.build_parser()
+    broker = catalog["CONVEYOR_BROKER_URL"]
+    assert set(broker.flags_of.values()) == {("--broker",)} and len(broker.commands) > 20
+
+
+def test_no_module_reads_a_conveyor_variable_around_the_table() -> None:
+    """A setting is read through `config` (`read`, the parser); only the data directory is
+    read below it (`locations`, which `config` itself needs), and the example DAG reads its
+    own knobs."""
+    direct = re.compile(r"""(os\.environ(\.get)?[\[(]|getenv\()\s*["']CONVEYOR_""")
+    readers = {str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
+               if direct.search(path.read_text())}
+    assert readers <= {"config.py", "locations.py", "scheduler/examples/dags/revenue_dag.py"}

@@ -15,7 +15,7 @@ import yaml
 
 from conveyor import cli
 from conveyor.autoscaler.config import load as load_autoscaler
-from conveyor.config import parse_size
+from conveyor.kinds import parse_size
 
 ROOT = Path(__file__).parents[2]
 COMPOSE_DIR = ROOT / "compose"

@@ -105,13 +105,11 @@ def test_dag_limit_mistakes_name_the_line() -> None:
 
 
 def test_a_dag_task_s_message_carries_its_limits_to_the_worker() -> None:
-    import json
-
     from conveyor import DAG
-    from conveyor.scheduler.engine import workload
+    from conveyor.scheduler.workloads import workload
+    from tests.support import task_instance
 
     node = DAG("u_flow_dag_msg").task(sync_tenant, "acme")
-    ti = {"spec": json.dumps(node.spec()), "ti_id": "ti1", "attempt": 1, "run_id": "r1",
-          "task_id": node.id, "queue": "default", "priority": 0}
+    ti = task_instance(spec=node.spec(), task_id=node.id)
     message = workload(ti, "events").message
     assert limits_of(message.headers)[0] == Spec("c", "tenant:acme", max=2)

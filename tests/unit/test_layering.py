@@ -3,11 +3,13 @@
 Layers, bottom to top (a module may import its own layer's base modules and any layer
 below, never above; sibling packages of one layer stay apart):
 
-    base:     config, errors, message, tasks, retry, logs, events, locations, sqlfiles, context,
-              flow, tracing (the core calls its hooks; only tracing.otel imports OpenTelemetry),
-              signals
+    base:     config, settings_table, kinds, errors, message, tasks, retry, logs, events,
+              locations, sqlfiles, context, flow, tracing (the core calls its hooks; only
+              tracing.otel imports OpenTelemetry), signals, refusals (what a server's answer
+              at first contact means), canvas (chain, group, chord: the algebra)
     carriers: broker, state, limits (flow control's store)
-    results:  results (task results: Redis keys beside a broker, or a state-store table)
+    results:  results (task results: Redis keys beside a broker, or a state-store table),
+              control (cancel: its records in flow control's store, and the control channel)
     client:   client (publishes through a broker, reads results)
     parts:    worker, scheduler, autoscaler, celery_intake
     readers:  readers (the rows operators look at: queues, workers, runs, dead letters)
@@ -15,6 +17,11 @@ below, never above; sibling packages of one layer stay apart):
     commands: cli
 
 Lazy imports (inside a function) count: they are still a dependency, only a later one.
+
+Each part above the broker layer names only the broker role it uses (`broker/roles.py`): the
+worker and the Celery intake a consumer, the client a producer, the autoscaler an inspector,
+the scheduler a consumer and an inspector, the CLI, the readers and the dashboard an
+administrator; never the whole `Broker`. And no module grows past MAX_LINES.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ from pathlib import Path
 #: The source, read as text: importing it would fail on a cycle before the test could say where.
 ROOT = Path(__file__).parents[2] / "src" / "conveyor"
 LAYERS = [
-    {"config", "errors", "message", "tasks", "retry", "logs", "events", "locations", "sqlfiles",
-     "context", "flow", "tracing", "signals"},
+    {"config", "settings_table", "kinds", "errors", "message", "tasks", "retry", "logs",
+     "events", "locations", "sqlfiles", "context", "flow", "tracing", "signals", "refusals",
+     "canvas"},
     {"broker", "state", "limits"},
-    {"results"},
+    {"results", "control"},
     {"client"},
     {"worker", "scheduler", "autoscaler", "celery_intake"},
     {"readers"},
@@ -44,9 +52,31 @@ ALLOWED = {
         "Task.delay()/apply_async() publish through the default client, imported when called",
     ("conveyor.tasks", "conveyor.results.handle"):
         "Task.enqueue() returns the client's ResultHandle: a type-only import",
+    ("conveyor.results.handle", "conveyor.control"):
+        "handle.cancel() returns the client's CancelResult: a type-only import",
     ("conveyor.worker.cli", "conveyor.celery_intake"):
         "`conveyor worker --celery-queues` runs the Celery intake beside the worker, imported "
         "only when asked for",
+}
+#: The broker roles (broker/roles.py) each part may name; `Broker` itself only the layers
+#: that open brokers (from_url) or implement them.
+ROLES = {
+    "conveyor.client": {"Producer"},
+    "conveyor.worker": {"Consumer", "Producer"},  # followups publish on their own connection
+    "conveyor.autoscaler": {"Inspector"},
+    "conveyor.cli": {"Administrator", "Inspector"},
+    "conveyor.ui": {"Administrator"},
+    "conveyor.readers": {"Administrator"},
+    "conveyor.scheduler": {"Consumer", "Inspector"},  # its daemon; the queue sampler
+    "conveyor.celery_intake": {"Consumer"},
+}
+ROLE_NAMES = {"Broker", "Producer", "Consumer", "Inspector", "Administrator"}
+BROKER_MODULES = {"conveyor.broker", "conveyor.broker.roles", "conveyor.broker.base"}
+#: A module longer than this is split along what its parts do (issue 28).
+MAX_LINES = 600
+#: Modules over MAX_LINES while they are being split, each with who splits it: remove the
+#: line when it is under.
+OVERSIZE = {
 }
 #: The package itself is the public API (`from conveyor import task, DAG, Client`): it sits
 #: above everything it re-exports and nothing inside the package imports it.
@@ -157,5 +187,63 @@ def test_the_worker_command_loads_only_what_a_worker_needs() -> None:
     heavy = [m for m in loaded if m.startswith(("conveyor.autoscaler", "conveyor.cli.",
                                                 "conveyor.state", "conveyor.celery_intake"))
              or (m.startswith("conveyor.scheduler.")
-                 and m not in ("conveyor.scheduler.dag", "conveyor.scheduler.errors"))]
+                 and m not in ("conveyor.scheduler.dag", "conveyor.scheduler.errors",
+                               "conveyor.scheduler.rules",   # rules: pure, no imports
+                               "conveyor.scheduler.alerts",   # DAG(deadline=...)
+                               # the canvas's DAG builder, which `import conveyor` sets up
+                               "conveyor.scheduler.canvas"))]
     assert "conveyor.worker.cli" in loaded and not heavy, heavy
+
+
+def broker_roles(path: Path) -> Iterator[tuple[str, int]]:
+    """(role name, line) for every broker role or `Broker` the file names: imported from
+    the broker package, or reached through it as a module (`brokers.Inspector`)."""
+    tree = ast.parse(path.read_text())
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            for alias in node.names:
+                if node.module in BROKER_MODULES and alias.name in ROLE_NAMES:
+                    yield alias.name, node.lineno
+                if f"{node.module}.{alias.name}" == "conveyor.broker":
+                    aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.name == "conveyor.broker" and a.asname}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ROLE_NAMES and \
+                isinstance(node.value, ast.Name) and node.value.id in aliases:
+            yield node.attr, node.lineno
+
+
+def test_each_part_names_only_the_broker_role_it_uses() -> None:
+    paths = modules()
+    wrong = [f"{paths[name]}:{line}: {name} names {role}; it may name {sorted(allowed)}"
+             for name in sorted(paths)
+             for part, allowed in ROLES.items() if name == part or name.startswith(part + ".")
+             for role, line in broker_roles(paths[name]) if role not in allowed]
+    assert not wrong, "depend on the narrow broker role (broker/roles.py):\n" + "\n".join(wrong)
+
+
+def test_the_role_check_sees_imports_and_module_attributes(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from conveyor.broker import Broker, Depth\n"
+                      "from conveyor import broker as brokers\n"
+                      "def f(b: brokers.Inspector) -> None: ...\n")
+    assert sorted(broker_roles(source)) == [("Broker", 1), ("Inspector", 3)]
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    long = [f"{path}: {n} lines" for path, n in lengths().items()
+            if n > MAX_LINES and path not in OVERSIZE]
+    assert not long, f"split these along what their parts do (over {MAX_LINES} lines):\n" + \
+        "\n".join(long)
+
+
+def test_every_oversize_exception_is_still_needed() -> None:
+    stale = [path for path in OVERSIZE if lengths().get(path, 0) <= MAX_LINES]
+    assert not stale, f"remove these from OVERSIZE, they are short enough now: {stale}"
+
+
+def lengths() -> dict[str, int]:
+    return {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+            for path in ROOT.rglob("*.py")}

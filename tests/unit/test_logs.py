@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pytest
 
 from conveyor import logs
+from conveyor.message import Message
+from conveyor.scheduler import DAG
+from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.runs import create_run
+from conveyor.state.store import Store
+from tests.support import RecordingExecutor
 
 
 def record(message: str, **extra: object) -> logging.LogRecord:
@@ -36,3 +43,17 @@ def test_log_format_names_what_is_allowed() -> None:
     assert logs.log_format("json") == "json"
     with pytest.raises(ValueError, match="human, json"):
         logs.log_format("xml")
+
+
+def test_a_dag_tasks_log_words_name_the_run_that_runs_list_shows(store: Store) -> None:
+    """`run=` is what `conveyor runs show` takes: grep a worker's log for a run id found."""
+    dag = DAG("revenue")
+    dag.command("report", ["true"])
+    dag.validate()
+    run_id = create_run(store, dag, time.time(), executors=["queue"])
+    executor = RecordingExecutor()
+    Engine(store, {"queue": executor}, dags={"revenue": dag}).tick(time.time())
+    message = executor.sent[0].message
+    assert message.log_words == f"task=true id={message.id} attempt=1 run={run_id}"
+    plain = Message(queue="default", task="billing.tasks.extract_orders")
+    assert plain.log_words == f"task=billing.tasks.extract_orders id={plain.id} attempt=1"

@@ -61,7 +61,7 @@ def body(**overrides: object) -> bytes:
     return json.dumps({k: v for k, v in fields.items() if v is not ...}).encode()
 
 
-@pytest.mark.parametrize("raw, says", [
+REJECTIONS = [
     (b"\x80\x04not json", "not JSON"),
     (pickle.dumps({"task": "t"}), "not JSON"),
     (b"[1, 2]", "JSON list, expected an object"),
@@ -74,7 +74,12 @@ def body(**overrides: object) -> bytes:
     (body(command=["ls", 3], task=""), "list of strings"),
     (body(headers={"a": 1}), "map strings to strings"),
     (body(task=""), "exactly one of a task name or a command"),
-])
+]
+
+
+# Ids from what each case says: a body holds a fresh id and time, and xdist's workers must
+# collect the same names.
+@pytest.mark.parametrize("raw, says", REJECTIONS, ids=[says for _, says in REJECTIONS])
 def test_rejections_say_what_is_wrong(raw: bytes, says: str) -> None:
     with pytest.raises(MessageError, match=None) as info:
         Codec().decode(raw)
@@ -123,3 +128,19 @@ def test_a_body_never_carries_the_brokers_delivery_count() -> None:
     body = Codec().encode(retried)
     assert b"deliveries" not in body
     assert (Codec().decode(body).attempt, Codec().decode(body).deliveries) == (2, 0)
+
+
+def test_expires_round_trips_and_says_when_it_passed() -> None:
+    m = Message(queue="q", task="t", enqueued_at=100.0, expires=130.0)
+    back = Codec().decode(Codec().encode(m))
+    assert back.expires == 130.0
+    assert not back.expired(129.9) and back.expired(130.0)
+    assert not Message(queue="q", task="t").expired(1e12)   # 0: never expires
+
+
+def test_queued_again_gives_the_same_time_to_start_from_now() -> None:
+    m = Message(queue="q", task="t", enqueued_at=100.0, expires=130.0)
+    again = m.queued_again(500.0)
+    assert (again.enqueued_at, again.expires) == (500.0, 530.0)
+    assert again.queued_again(900.0).expires == 930.0   # the window does not grow
+    assert Message(queue="q", task="t").queued_again(500.0).expires == 0.0

@@ -38,6 +38,11 @@ SIGSEGV = signal.SIGSEGV
     (Facts(None, EXIT_1), "failed"),
     (Facts({"outcome": "succeeded"}, EXIT_1), "failed"),  # reported, then crashed on exit
     (Facts(None, None), "lost"),
+    # a cancelled run is cancelled however it ended: stopped, killed, or even finished
+    (Facts({"outcome": "cancelled"}, EXIT_0, cancelled=True), "cancelled"),
+    (Facts(None, SIGKILLED, cancelled=True), "cancelled"),
+    (Facts({"outcome": "succeeded"}, EXIT_0, cancelled=True), "cancelled"),
+    (Facts(None, SIGKILLED, interrupted=True, cancelled=True), "cancelled"),  # not requeued
 ])
 def test_classify(facts: Facts, kind: str) -> None:
     assert classify(facts).kind == kind
@@ -63,6 +68,8 @@ BUDGET = Budget(max_retries=3, max_deliveries=20, backoff=1.0, backoff_max=10.0)
     (Outcome("timed_out"), 4, "dead_letter"),
     (Outcome("killed"), 2, "retry"),
     (Outcome("interrupted"), 50, "requeue"),  # never spends the retry budget
+    (Outcome("cancelled"), 1, "ack"),  # never retried nor dead-lettered
+    (Outcome("cancelled"), 50, "ack"),
 ])
 def test_decide(outcome: Outcome, attempt: int, verb: str) -> None:
     assert decide(outcome, attempt, BUDGET).verb == verb
@@ -106,3 +113,25 @@ def test_a_runner_that_dies_unreported_is_quoted(status: int | None, kind: str) 
     assert outcome.kind == kind
     assert outcome.reason.endswith(f"its last output: {words}")
     assert "its last output" not in classify(Facts(None, status)).reason
+
+
+def test_a_skip_is_acked_never_retried_even_with_budget_left() -> None:
+    """A task that raised Skip (or a command exiting with a skip code) is not a fault."""
+    skipped = classify(Facts({"outcome": "skipped", "reason": "nothing to do"}, EXIT_0))
+    assert skipped == Outcome("skipped", reason="nothing to do")
+    assert decide(skipped, 1, Budget(max_retries=3)).verb == "ack"
+    assert decide(skipped, 1, Budget(max_retries=3), report_only=True).verb == "ack"
+
+
+def test_a_command_exiting_with_a_skip_code_is_skipped_and_other_codes_fail() -> None:
+    from conveyor.message import skip_codes
+    from conveyor.worker.outcome import exec_report
+
+    codes = skip_codes({"skip_exit_codes": "99,100"})
+    assert codes == {99, 100} and skip_codes({}) == frozenset()
+    report = exec_report(99 << 8, codes)
+    assert report["outcome"] == "skipped" and "code 99 (skip_on_exit_code)" in report["reason"]
+    # exec'd: the runner's exit status is the command's, and the report decides
+    assert classify(Facts(report, 99 << 8)).kind == "skipped"
+    assert exec_report(99 << 8)["outcome"] == "failed"          # no skip codes: a failure
+    assert exec_report(EXIT_1, codes)["outcome"] == "failed"

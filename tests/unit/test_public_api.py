@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,8 @@ from conveyor.tasks import Task
 #: Modules a plain `import conveyor` must not load (the worker's footprint).
 HEAVY = ("croniter", "dateutil", "kubernetes", "redis", "pika", "psycopg", "kombu", "tenacity",
          "prometheus_client", "conveyor.broker", "conveyor.scheduler.daemon",
-         "conveyor.state", "conveyor.worker", "conveyor.autoscaler", "conveyor.cli")
+         "conveyor.state", "conveyor.worker", "conveyor.autoscaler", "conveyor.cli",
+         "conveyor.scheduler")
 
 
 def test_every_name_in_all_is_importable_and_public() -> None:
@@ -51,6 +53,28 @@ def test_import_conveyor_stays_light() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
                             text=True).stdout.split()
     assert loaded == [], f"`import conveyor` loads {loaded}: import them where they are used"
+
+
+def test_a_canvas_enqueued_in_a_fresh_process_imports_the_scheduler_then(
+        tmp_path: Path) -> None:
+    probe = ("import sys, conveyor\n"
+             "assert 'conveyor.scheduler' not in sys.modules\n"
+             "@conveyor.task(name='public_api.add')\n"
+             "def add(x, y):\n    return x + y\n"
+             f"handle = conveyor.chain(add.s(1, 2), add.s(3)).enqueue("
+             f"state_url='sqlite:///{tmp_path}/state.db', "
+             f"broker_url='sqlite:///{tmp_path}/broker.db')\n"
+             "print(type(handle).__module__, handle.status())")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert out == ["conveyor.scheduler.canvas", "queued"]
+
+
+def test_the_scheduler_names_are_imported_on_first_use() -> None:
+    assert conveyor.TriggerRule.ALL_DONE == "all_done"
+    assert conveyor.Deadline.__module__ == "conveyor.scheduler.alerts"
+    with pytest.raises(AttributeError, match="module 'conveyor' has no attribute 'Nope'"):
+        _ = conveyor.Nope  # type: ignore[attr-defined]
 
 
 def test_a_dag_with_a_schedule_still_checks_it() -> None:

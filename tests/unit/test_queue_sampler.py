@@ -28,8 +28,9 @@ from conveyor.scheduler.sampler import (
     sample,
     worker_counts,
 )
+from conveyor.state.monitoring import Workers
+from conveyor.state.records import WorkerRecord
 from conveyor.state.store import Store, from_url
-from tests.conftest import POSTGRES_URL
 from tests.support import RecordingExecutor, wait_for
 
 T0 = 1_700_000_000.0
@@ -43,7 +44,7 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 
 
 def register_worker(store: Store, queues: str) -> None:
-    store.exec("upsert_worker", worker_id="box:1", hostname="box", pid=1, queues=queues,
+    Workers(store).beat(worker_id="box:1", hostname="box", pid=1, queues=queues,
                concurrency=2, busy=0, interval=10.0, started_at=T0, now=T0, runners=None)
 
 
@@ -83,7 +84,7 @@ def test_samples_older_than_the_retention_are_forgotten(store: Store, broker: Br
 
 def beat(store: Store, worker: str, finished: dict[str, list[int]], at: float = T0) -> None:
     """A heartbeat row of `worker` saying what it finished per queue since it started."""
-    store.exec("upsert_worker", worker_id=worker, hostname=worker, pid=1, queues="fast",
+    Workers(store).beat(worker_id=worker, hostname=worker, pid=1, queues="fast",
                concurrency=2, busy=0, interval=10.0, started_at=at, now=at,
                runners=json.dumps({"limiter": "cgroup2", "slots": [], "finished": finished}))
 
@@ -94,10 +95,8 @@ def finished(store: Store, queue: str) -> list[tuple[int | None, int | None]]:
 
 
 def test_each_sample_holds_what_the_workers_finished_since_the_last(
-        tmp_path: Path, store: Store, broker: Broker) -> None:
-    url = f"sqlite:///{store.path}" if store.dialect == "sqlite" else \
-        f"{POSTGRES_URL}?schema={store.schema}"  # type: ignore[attr-defined]
-    sampler = Sampler(url, lambda: broker, 15.0, always=())
+        tmp_path: Path, store: Store, state_url: str, broker: Broker) -> None:
+    sampler = Sampler(state_url, lambda: broker, 15.0, always=())
     beat(store, "w1", {"fast": [5, 1]})
     sampler.run_once(T0)                       # first period: counts unknown, baseline kept
     beat(store, "w1", {"fast": [9, 1]})
@@ -113,7 +112,9 @@ def test_each_sample_holds_what_the_workers_finished_since_the_last(
 
 def test_growth_never_goes_negative() -> None:
     assert growth({"w": {"q": (5, 5)}}, {"w": {"q": (3, 7)}}) == {"q": (0, 2)}
-    assert worker_counts([{"worker_id": "w", "runners": None}]) == {"w": {}}
+    worker = WorkerRecord(worker_id="w", hostname="h", pid=1, queues="q", concurrency=1, busy=0,
+                          interval=5.0, started_at=0.0, heartbeat_at=0.0, runners=None)
+    assert worker_counts([worker]) == {"w": {}}
 
 
 class SlowBroker:

@@ -8,7 +8,14 @@ import pytest
 
 from conveyor import results
 from conveyor.config import Settings
-from conveyor.errors import ConfigError, DeadLettered, MessageError, ResultError, TaskFailed
+from conveyor.errors import (
+    Cancelled,
+    ConfigError,
+    DeadLettered,
+    MessageError,
+    ResultError,
+    TaskFailed,
+)
 from conveyor.message import Message
 from conveyor.results import ResultRecord
 from conveyor.worker.outcome import Action, Outcome
@@ -38,6 +45,14 @@ def test_a_quarantine_unwraps_to_dead_lettered_with_its_reason() -> None:
         ResultRecord("dead_lettered", reason="unknown task 't.y'", task="t.y").unwrap("m")
 
 
+def test_a_cancel_unwraps_to_cancelled_not_a_failure() -> None:
+    record = ResultRecord.decode(ResultRecord("cancelled", reason="cancelled while running",
+                                              task="t.z").encode())
+    with pytest.raises(Cancelled, match=r"t.z \(m\) was cancelled: cancelled while running"):
+        record.unwrap("m")
+    assert not issubclass(Cancelled, TaskFailed)
+
+
 def test_a_record_that_is_not_one_is_a_message_error() -> None:
     with pytest.raises(MessageError, match="malformed result record"):
         ResultRecord.decode(b'{"v": 1, "status": "maybe"}')
@@ -59,7 +74,7 @@ def test_the_cap_counts_encoded_bytes_and_never_truncates() -> None:
     (Settings(broker_url="redis://h", result_url="sqlite:///r.db"), "sqlite:///r.db"),
 ])
 def test_the_default_store_follows_the_broker(settings: Settings, expected: str) -> None:
-    assert results.url_for(settings) == expected
+    assert settings.stores().results == expected
 
 
 def test_an_unknown_result_url_is_one_line() -> None:
@@ -70,7 +85,7 @@ def test_an_unknown_result_url_is_one_line() -> None:
 def test_result_settings_come_from_the_environment() -> None:
     s = Settings.from_env({"CONVEYOR_RESULT_TTL": "3600", "CONVEYOR_RESULT_MAX_BYTES": "2KiB"})
     assert (s.result_ttl, s.result_max_bytes) == (3600.0, 2048)
-    with pytest.raises(ConfigError, match="CONVEYOR_RESULT_TTL='soon'.*positive number"):
+    with pytest.raises(ConfigError, match="CONVEYOR_RESULT_TTL='soon'.*number of seconds"):
         Settings.from_env({"CONVEYOR_RESULT_TTL": "soon"})
 
 
@@ -87,6 +102,7 @@ def test_only_messages_that_ask_are_kept() -> None:
     (Outcome("failed", error=ERROR), Action("dead_letter", reason="spent"), "failed"),
     (Outcome("oom_killed", reason="cap"), Action("dead_letter", reason="spent"), "dead_lettered"),
     (Outcome("interrupted"), Action("requeue"), None),
+    (Outcome("cancelled", reason="cancelled while running"), Action("ack"), "cancelled"),
 ])
 def test_only_final_outcomes_make_a_record(outcome: Outcome, action: Action,
                                            status: str | None) -> None:
@@ -117,3 +133,14 @@ def test_a_keeper_that_cannot_store_requeues_instead_of_acking(tmp_path: Path) -
     message = Message(queue="q", task="t", headers={"result": "keep"})
     action = keeper.keep(message, Outcome("succeeded", result=1), Action("ack"))
     assert action.verb == "requeue" and "result not stored" in action.reason
+
+
+def test_a_skip_is_recorded_skipped_and_its_result_is_none() -> None:
+    from conveyor.message import Message
+    from conveyor.worker.outcome import Action, Outcome
+    from conveyor.worker.results import final_record
+
+    message = Message(queue="q", task="t.skip")
+    record = final_record(message, Outcome("skipped", reason="nothing new"), Action("ack"))
+    assert record is not None and record.status == "skipped" and record.reason == "nothing new"
+    assert ResultRecord.decode(record.encode()).unwrap("m") is None

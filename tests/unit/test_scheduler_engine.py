@@ -9,13 +9,16 @@ from typing import Any
 import pytest
 
 from conveyor.scheduler import DAG
-from conveyor.scheduler.engine import Engine, timeout_reason
+from conveyor.scheduler.engine import START_GRACE, Engine, timeout_reason
 from conveyor.scheduler.errors import RunError
+from conveyor.scheduler.readiness import Readiness
 from conveyor.scheduler.runs import create_run, trigger
 from conveyor.state.store import Store, from_url
-from tests.support import RecordingExecutor, event
+from conveyor.state.tasks import TaskInstances
+from tests.support import RecordingExecutor, event, task_instance
 
 T0 = 1_700_000_000.0
+G = START_GRACE   # the scheduler times an attempt out this long after its message expired
 
 
 def revenue(**defaults: Any) -> DAG:
@@ -196,20 +199,96 @@ def test_queued_timeout_then_zombie_are_retried_with_reasons(store: Store,
                 heartbeat_timeout=10)
     engine = make_engine(store, executor, dag)
     run_id = create_run(store, dag, T0, executors=["queue"])
-    assert engine.tick(T0) == T0 + 30
-    engine.tick(T0 + 29)
+    assert engine.tick(T0) == T0 + 30 + G
+    assert executor.sent[0].message.expires == T0 + 30   # no worker starts it later
+    engine.tick(T0 + 29 + G)
     assert states(store, run_id)["a"] == ("queued", 1)
-    engine.tick(T0 + 30)                    # expired, then re-queued at once (delay 0)
+    engine.tick(T0 + 30 + G)                # timed out, then re-queued at once (delay 0)
     assert states(store, run_id)["a"] == ("queued", 2)
     work = executor.sent[-1]
-    engine.handle(event(work, "started", T0 + 31, hostname="w9", pid=7), T0 + 31)
-    engine.handle(event(work, "heartbeat", T0 + 38), T0 + 38)
-    assert engine.tick(T0 + 45) == T0 + 48
-    engine.tick(T0 + 48)
+    T1 = T0 + G
+    engine.handle(event(work, "started", T1 + 31, hostname="w9", pid=7), T1 + 31)
+    engine.handle(event(work, "heartbeat", T1 + 38), T1 + 38)
+    assert engine.tick(T1 + 45) == T1 + 48
+    engine.tick(T1 + 48)
     assert states(store, run_id)["a"] == ("queued", 3)
     outcomes = [(a["outcome"], a["error"]) for a in store.rows("run_attempts", run_id=run_id)]
     assert outcomes[0][0] == "queued_timeout" and "queue 'default'" in outcomes[0][1]
     assert outcomes[1][0] == "heartbeat_timeout" and "w9 pid 7" in outcomes[1][1]
+
+
+def test_a_worker_refusing_an_expired_attempt_times_it_out_at_once(
+        store: Store, executor: RecordingExecutor) -> None:
+    """The worker's `expired` is the timeout, heard before the scheduler's own timer."""
+    dag = DAG("d")
+    dag.command("a", ["true"], retries=1, retry_delay=0, queued_timeout=30)
+    engine = make_engine(store, executor, dag)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    engine.tick(T0)
+    work = executor.pop("a")
+    engine.handle(event(work, "expired", T0 + 31, hostname="w1",
+                        reason="not started by its deadline"), T0 + 31)
+    engine.tick(T0 + 31)
+    assert states(store, run_id)["a"] == ("queued", 2)   # retried at once (delay 0)
+    [attempt] = store.rows("run_attempts", run_id=run_id)
+    assert attempt["outcome"] == "queued_timeout" and "refused by w1" in attempt["error"]
+    engine.handle(event(work, "expired", T0 + 32), T0 + 32)   # again: changes nothing
+    assert states(store, run_id)["a"] == ("queued", 2)
+
+
+def test_an_expired_copy_of_a_running_attempt_changes_nothing(
+        store: Store, executor: RecordingExecutor) -> None:
+    """A redelivery (or a second publish) of an attempt that started expires unrun: the run
+    in progress goes on; its heartbeats decide whether it lives."""
+    dag = DAG("d")
+    dag.command("a", ["true"], retries=1, retry_delay=0, queued_timeout=30,
+                heartbeat_timeout=60)
+    engine = make_engine(store, executor, dag)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    engine.tick(T0)
+    work = executor.pop("a")
+    engine.handle(event(work, "started", T0 + 1, hostname="w1"), T0 + 1)
+    engine.handle(event(work, "expired", T0 + 40, hostname="w2"), T0 + 40)
+    engine.tick(T0 + 40)
+    assert states(store, run_id)["a"] == ("running", 1) and not executor.sent
+    engine.handle(event(work, "succeeded", T0 + 50), T0 + 50)
+    assert states(store, run_id)["a"] == ("success", 1)
+
+
+def test_a_running_attempt_that_came_back_late_is_published_again(
+        store: Store, executor: RecordingExecutor) -> None:
+    """Its worker was killed: the redelivery (delivery 2) came after its deadline to start
+    and was refused; the same attempt goes out again with a fresh one, as before expiry
+    existed the redelivery would have run it."""
+    dag = DAG("d")
+    dag.command("a", ["true"], retries=0, queued_timeout=30, heartbeat_timeout=600)
+    engine = make_engine(store, executor, dag)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    engine.tick(T0)
+    work = executor.pop("a")
+    engine.handle(event(work, "started", T0 + 1, hostname="w1"), T0 + 1)
+    engine.handle(event(work, "expired", T0 + 100, hostname="w2", delivery=2), T0 + 100)
+    again = executor.pop("a")
+    assert (again.message.attempt, again.message.expires) == (1, T0 + 130)
+    assert again.message.id != work.message.id
+    assert states(store, run_id)["a"] == ("queued", 1)
+    engine.handle(event(again, "started", T0 + 101), T0 + 101)
+    engine.handle(event(again, "succeeded", T0 + 102), T0 + 102)
+    assert states(store, run_id)["a"] == ("success", 1)
+
+
+def test_a_start_after_the_timeout_is_logged_as_an_error(
+        store: Store, executor: RecordingExecutor, caplog: pytest.LogCaptureFixture) -> None:
+    """Only a worker clock behind by more than the grace can start a timed-out attempt."""
+    dag = DAG("d")
+    dag.command("a", ["true"], queued_timeout=30)
+    engine = make_engine(store, executor, dag)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    engine.tick(T0)
+    engine.tick(T0 + 30 + G)
+    assert states(store, run_id)["a"] == ("failed", 1)
+    engine.handle(event(executor.pop("a"), "started", T0 + 40, hostname="w2"), T0 + 40)
+    assert "STARTED on w2" in caplog.text and "after it was timed out" in caplog.text
 
 
 @pytest.fixture
@@ -229,16 +308,16 @@ def test_a_task_waiting_for_its_pool_is_not_timed_out_until_it_gets_a_slot(
     dag.command("a", ["true"], pool="warehouse", queued_timeout=30)
     engine = make_engine(store, executor, dag)
     run_id = create_run(store, dag, T0, executors=["queue"])
-    assert engine.tick(T0) == T0 + 30
+    assert engine.tick(T0) == T0 + 30 + G
     work = executor.sent[0]
     engine.handle(event(work, "parked", T0 + 1, reason="waiting for a slot of pool:warehouse"),
                   T0 + 1)
     engine.tick(T0 + 3600)
     assert states(store, run_id)["a"] == ("queued", 1)
     engine.handle(event(work, "unparked", T0 + 3600), T0 + 3600)
-    engine.tick(T0 + 3629)
+    engine.tick(T0 + 3629 + G)
     assert states(store, run_id)["a"] == ("queued", 1)
-    engine.tick(T0 + 3630)                  # handed its slot 30 s ago and still not started
+    engine.tick(T0 + 3630 + G)              # handed its slot 30 s ago and still not started
     assert states(store, run_id)["a"] == ("failed", 1)
     [attempt] = store.rows("run_attempts", run_id=run_id)
     assert attempt["outcome"] == "queued_timeout"
@@ -267,25 +346,36 @@ def test_a_heartbeat_racing_the_timeout_wins(store: Store, executor: RecordingEx
     engine.tick(T0)
     work = executor.sent[0]
     engine.handle(event(work, "started", T0), T0)
-    due = store.rows("due", now=T0 + 10, limit=10)
+    due = TaskInstances(store).due(T0 + 10, 10)
     engine.handle(event(work, "heartbeat", T0 + 10), T0 + 10)   # arrives after the scan
     engine._expire(due[0], T0 + 10)
     assert states(store, run_id)["a"] == ("running", 1)
 
 
-def test_unconfirmed_publish_is_redone_after_the_grace(store: Store,
-                                                       executor: RecordingExecutor) -> None:
+def test_a_dead_schedulers_claim_is_published_once_its_lease_lapses(
+        any_store: Store, executor: RecordingExecutor) -> None:
+    """Scheduler A claimed an attempt for publishing and died before publishing it: this
+    one (B) leaves it alone while A's lease holds, and publishes it once the lease lapses."""
+    store = any_store
     dag = DAG("d")
     dag.command("a", ["true"])
     engine = make_engine(store, executor, dag)
     run_id = create_run(store, dag, T0, executors=["queue"])
-    with store.transaction():   # a scheduler that died between commit and publish
+    a = {"scheduler": "A", "hostname": "h", "pid": 1, "lease": 5.0}
+    store.exec("renew_scheduler", now=T0, **a)                 # A's lease: until T0 + 5
+    with store.transaction():
         store.exec("start_queued_runs", now=T0, limit=10)
-        store.rows("dispatch_ready", run_id=run_id, now=T0, publish_grace=60.0)
-    assert engine.tick(T0 + 1) == T0 + 60 and not executor.sent
-    engine.tick(T0 + 60)
+        Readiness(TaskInstances(store)).whole_run(run_id, T0,
+                                                  claim={"scheduler": "A", "lease": 5.0})
+    assert engine.tick(T0 + 1) == T0 + 5 and not executor.sent
+    store.exec("renew_scheduler", now=T0 + 3, **a)             # A lives on: until T0 + 8
+    assert engine.tick(T0 + 5) == T0 + 8 and not executor.sent
+    store.exec("renew_scheduler", now=T0 + 6, **a)             # A's last renewal: T0 + 11
+    assert engine.tick(T0 + 8) == T0 + 11 and not executor.sent
+    engine.tick(T0 + 11)                                       # A's lease lapsed
     assert executor.task_ids() == ["a"] and states(store, run_id)["a"] == ("queued", 1)
-    assert engine.tick(T0 + 61) == T0 + 660   # published now: the queued timeout runs
+    assert store.rows("run_tis", run_id=run_id)[0]["claimed_by"] == engine.scheduler_id
+    assert engine.tick(T0 + 12) == T0 + 611 + G   # published now: the queued timeout runs
 
 
 def test_executor_refusal_fails_the_attempt(store: Store) -> None:
@@ -342,6 +432,7 @@ def test_manual_trigger_for_a_taken_date_is_a_clear_error(store: Store) -> None:
 
 
 def test_timeout_reason_texts() -> None:
-    queued = {"state": "queued", "queued_at": 0.0, "executor": "queue", "queue": "heavy",
-              "queued_timeout": 600.0}
+    queued = task_instance(state="queued", queued_at=0.0, executor="queue", queue="heavy",
+                           queued_timeout=600.0)
     assert "queued for 700 s on queue (queue 'heavy')" in timeout_reason(queued, 700.0)[1]
+    assert "(limit 600 s + 5 s start grace)" in timeout_reason(queued, 605.0, 5.0)[1]

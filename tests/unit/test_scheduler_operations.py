@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,10 +9,9 @@ import pytest
 from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.errors import DagError, RunError
-from conveyor.scheduler.operations import backfill, clear, mark, set_paused
+from conveyor.scheduler.operations import backfill, clear, mark, retry_now, set_paused
 from conveyor.scheduler.runs import create_run
 from conveyor.state.store import Store, from_url
-from tests.conftest import POSTGRES_URL
 from tests.support import RecordingExecutor, event
 
 T0 = 1_700_000_000.0
@@ -70,6 +68,30 @@ def test_clear_refuses_a_task_that_may_still_run(store: Store) -> None:
         clear(store, run_id, "zz", T0)
 
 
+def test_retry_now_makes_a_waiting_retry_due_at_once_on_the_same_budget(store: Store) -> None:
+    dag, executor = DAG("slow_retry", retries=2, retry_delay=3600), RecordingExecutor()
+    dag.command("a", ["true"])
+    dag.validate()
+    engine = Engine(store, {"queue": executor}, dags={"slow_retry": dag})
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    assert run_id is not None
+    engine.tick(T0)
+    with pytest.raises(RunError, match="it is queued, not up_for_retry"):
+        retry_now(store, run_id, "a", T0)
+    finish(engine, executor, "a", "failed", T0 + 1)
+    assert states(store, run_id)["a"] == ("up_for_retry", 1)
+    assert "a" not in executor.task_ids()               # an hour to wait
+
+    assert retry_now(store, run_id, "a", T0 + 2).state == "up_for_retry"
+    engine.tick(T0 + 2)
+    assert states(store, run_id)["a"] == ("queued", 2)
+    assert store.one("run_ti_by_task", run_id=run_id, task_id="a")["max_attempts"] == 3
+    with pytest.raises(RunError, match="no task 'zz'"):
+        retry_now(store, run_id, "zz", T0 + 2)
+    with pytest.raises(RunError, match="no run 'nope'"):
+        retry_now(store, "nope", "a", T0 + 2)
+
+
 def test_mark_failed_blocks_below_and_mark_success_unblocks(store: Store) -> None:
     dag, executor = chain(), RecordingExecutor()
     engine = Engine(store, {"queue": executor}, dags={"chain": dag})
@@ -119,10 +141,11 @@ def hourly(**options: Any) -> DAG:
 START = 1_714_528_800.0          # 2024-05-01T02:00:00Z, on the hour
 
 
-def test_catch_up_creates_each_missed_tick_a_few_at_a_time(store: Store, tmp_path: Path) -> None:
+def test_catch_up_creates_each_missed_tick_a_few_at_a_time(
+        store: Store, state_url: str) -> None:
     dag = hourly(start_date=START - 5 * 3600, max_active_runs=2)
     executors = [RecordingExecutor(), RecordingExecutor()]
-    other = from_url(str(store_url(store, tmp_path)))
+    other = from_url(state_url)
     engines = [Engine(s, {"queue": e}, dags={"hourly": dag})
                for s, e in zip((store, other), executors, strict=True)]
     for engine in engines:
@@ -153,12 +176,6 @@ def test_backfill_creates_each_tick_of_the_range_once(store: Store) -> None:
     assert len(created) == 1 and existing == [START - h * 3600 for h in (3, 2, 1)]
     with pytest.raises(RunError, match="has no schedule"):
         backfill(store, DAG("plain"), START, START, START, executors=["queue"])
-
-
-def store_url(store: Store, tmp_path: Path) -> str:
-    """Another connection to the same store (a second scheduler)."""
-    schema = getattr(store, "schema", "")
-    return f"{POSTGRES_URL}?schema={schema}" if schema else f"sqlite:///{tmp_path}/state.db"
 
 
 def test_start_dates_and_run_caps_are_checked_where_the_dag_is_declared() -> None:

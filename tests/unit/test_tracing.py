@@ -16,7 +16,7 @@ from conveyor.errors import ConfigError
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("off", "off"), ("OTLP", "otlp"), (" console ", "console"),
-    ("tests.integration.tracing_export:exporter", "tests.integration.tracing_export:exporter"),
+    ("tests.tracing_export:exporter", "tests.tracing_export:exporter"),
 ])
 def test_modes(text: str, expected: str) -> None:
     assert tracing.mode(text) == expected

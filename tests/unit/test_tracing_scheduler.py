@@ -20,8 +20,8 @@ from conveyor.scheduler import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.runs import create_run
 from conveyor.state.store import Store, from_url
-from tests.integration.tracing_export import EXPORTER, read
 from tests.support import RecordingExecutor, event
+from tests.tracing_export import EXPORTER, read
 
 T0 = 1_700_000_000.0
 

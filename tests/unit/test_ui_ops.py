@@ -14,12 +14,16 @@ from conveyor import broker as brokers
 from conveyor.autoscaler.journal import Evaluation, Journal
 from conveyor.broker import Broker
 from conveyor.readers.autoscaler import scaling, stale_after
-from conveyor.readers.queue_history import queue_overview
+from conveyor.readers.queue_history import consumers, queue_overview
 from conveyor.readers.workers import worker_rows
+from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.runs import iso
 from conveyor.scheduler.sampler import period_start, sample
 from conveyor.state.store import Store
+from conveyor.ui.app import Dashboard, UiConfig
 from conveyor.ui.charts import depth_chart, finished_chart, nice_top
+from conveyor.ui.http import Request
+from conveyor.ui.pages import workers as workers_page
 from conveyor.worker.registry import Registry
 from tests.support import first
 
@@ -31,13 +35,6 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     opened = brokers.from_url(f"sqlite:///{tmp_path}/broker.db")
     yield opened
     opened.close()
-
-
-def url_of(store: Store) -> str:
-    if store.dialect == "sqlite":
-        return f"sqlite:///{store.path}"  # type: ignore[attr-defined]
-    from tests.conftest import POSTGRES_URL
-    return f"{POSTGRES_URL}?schema={store.schema}"  # type: ignore[attr-defined]
 
 
 def test_queue_overview_has_depth_now_rates_and_history(store: Store, broker: Broker) -> None:
@@ -64,8 +61,74 @@ def test_queue_overview_has_depth_now_rates_and_history(store: Store, broker: Br
     assert doc["finished"] == {"work": [[minute, 2, 1]]}
 
 
-def test_worker_rows_carry_slots_and_runners(store: Store) -> None:
-    registry = Registry(url_of(store), "box", ("default",), 2, 5.0, clock=lambda: T0)
+def test_counts_are_unknown_not_zero_when_no_scheduler_samples_now(
+        store: Store, broker: Broker) -> None:
+    now = T0 + 3000
+    for queue in ("work", "quiet"):
+        broker.publish(queue, b"{}")
+    sample(store, broker, ["work"], now - 1200, 15)
+    sample(store, broker, ["work"], now - 1185, 15, {"work": (5, 0)})   # then it stopped
+    doc = queue_overview(store, broker, ["quiet"], now)
+    rows = {q["queue"]: q for q in doc["queues"]}
+    work = rows["work"]
+    assert (work["sampled"], work["failed"], work["failure_rate"], work["per_minute"]) == \
+        (False, None, None, None)
+    assert work["last_sampled"] == period_start(now - 1185, 15)
+    assert (rows["quiet"]["sampled"], rows["quiet"]["last_sampled"]) == (False, None)
+
+    sample(store, broker, ["work"], now - 20, 15, {"work": (1, 4)})   # sampling again
+    work = {q["queue"]: q for q in queue_overview(store, broker, [], now)["queues"]}["work"]
+    assert (work["sampled"], work["succeeded"], work["failed"]) == (True, 6, 4)
+
+
+def test_a_queue_lists_its_live_consumers(store: Store, broker: Broker, state_url: str) -> None:
+    live = Registry(state_url, "box", ("work", "other"), 3, 5.0, clock=lambda: T0)
+    gone = Registry(state_url, "old", ("work",), 1, 5.0, clock=lambda: T0 - 600)
+    try:
+        live.beat(1, None)
+        gone.beat(0, None)
+        store.exec("renew_scheduler", scheduler="sched-1", hostname="brain", pid=7, now=T0,
+                   lease=30.0)
+        store.exec("renew_scheduler", scheduler="sched-0", hostname="dead", pid=6,
+                   now=T0 - 600, lease=30.0)
+        doc = queue_overview(store, broker, ["work", "nobody"], T0 + 1,
+                             scheduler_queues=("events-x", "control-x"))
+        rows = {q["queue"]: q for q in doc["queues"]}
+        [consumer] = rows["work"]["consumers"]
+        assert (consumer["kind"], consumer["host"], consumer["concurrency"],
+                consumer["busy"]) == ("worker", "box", 3, 1)
+        assert rows["nobody"]["consumers"] == []
+        assert [(c["kind"], c["host"]) for c in
+                consumers(store, T0 + 1, ("events-x",))["events-x"]] == [("scheduler", "brain")]
+    finally:
+        live.close()
+        gone.close()
+
+
+def test_the_queues_api_has_consumers_and_null_counts_when_not_sampled(
+        store: Store, tmp_path: Path, state_url: str) -> None:
+    broker_url = f"sqlite:///{tmp_path}/broker.db"
+    with brokers.from_url(broker_url) as broker:
+        broker.publish("b1_nowhere", b"{}")
+        sample(store, broker, ["b1_nowhere"], time.time() - 1800, 15, {"b1_nowhere": (0, 5)})
+    ui = Dashboard(UiConfig(SchedulerConfig.from_env({}, broker_url=broker_url,
+                                                     state_url=state_url), "", ("work",)))
+    registry = Registry(state_url, "box", ("work",), 2, 5.0)
+    try:
+        registry.beat(0, None)
+        doc = json.loads(ui.handle(Request("GET", "/api/queues")).body)
+    finally:
+        registry.close()
+        ui.close()
+    rows = {q["queue"]: q for q in doc["queues"]}
+    nowhere = rows["b1_nowhere"]
+    assert (nowhere["ready"], nowhere["consumers"], nowhere["sampled"], nowhere["failed"],
+            nowhere["failure_rate"]) == (1, [], False, None, None)
+    assert [c["host"] for c in rows["work"]["consumers"]] == ["box"]
+
+
+def test_worker_rows_carry_slots_and_runners(store: Store, state_url: str) -> None:
+    registry = Registry(state_url, "box", ("default",), 2, 5.0, clock=lambda: T0)
     registry.beat(1, {"limiter": "cgroup2", "slots": [
         {"slot": 0, "task": "t.a", "memory": 10 << 20, "limit": 64 << 20, "seconds": 2.0},
         {"slot": 1, "task": None, "memory": 1 << 20}]})
@@ -78,9 +141,17 @@ def test_worker_rows_carry_slots_and_runners(store: Store) -> None:
         registry.close()
 
 
+def test_the_runners_cell_says_when_a_killed_workers_runners_die_at_ordinary_priority() -> None:
+    slow = "ordinary priority (no CAP_SYS_NICE and RLIMIT_RTPRIO 0: give the worker ...)"
+    assert "runners die at ordinary priority" in workers_page._runners(
+        {"limiter": "cgroup2", "teardown": slow, "slots": []})
+    for fast in ({"teardown": "real-time"}, {}):  # a worker from before says nothing
+        assert "ordinary" not in workers_page._runners({"limiter": "cgroup2", **fast})
+
+
 def test_scaling_marks_a_target_stale_once_its_autoscaler_stops_reporting(
-        store: Store) -> None:
-    journal = Journal(url_of(store), clock=lambda: T0)
+        store: Store, state_url: str) -> None:
+    journal = Journal(state_url, clock=lambda: T0)
     journal.evaluated(Evaluation("workers", "local", "default", 1, 1, 0, 3, 0, 1,
                                  "0 ready + 1 in flight over 2 slots per replica", None, 5.0))
     journal.scaled("workers", 0, 1, "activated: 1 ready + 0 in flight > activation threshold 0")
@@ -116,14 +187,14 @@ def test_finished_bars_stack_failed_on_succeeded() -> None:
     assert "no task finished" in finished_chart([], T0, T0 + 60, "empty")
 
 
-def test_the_pages_and_their_api_in_process(store: Store, tmp_path: Path) -> None:
+def test_the_pages_and_their_api_in_process(store: Store, tmp_path: Path, state_url: str) -> None:
     """The three endpoints answer over a real store and broker; the Queues JSON stays the
     same between two polls when nothing changed (so an open page does not re-render)."""
     from conveyor.cli.ui import dashboard
     from conveyor.ui.http import Request
 
     broker_url = f"sqlite:///{tmp_path}/ui-broker.db"
-    ui = dashboard(broker_url, url_of(store), str(tmp_path), "queue", ("sick",))  # as -Q sick
+    ui = dashboard(broker_url, state_url, str(tmp_path), "queue", ("sick",))  # as -Q sick
     with brokers.from_url(broker_url) as broker:
         broker.publish("work", b"{}")
         sample(store, broker, ["work"], time.time() - 30, 15.0)
@@ -163,3 +234,26 @@ def check_pages(get: Callable[..., bytes]) -> None:
     refused = json.loads(get("/api/queues", 400, minutes="100000"))
     assert "minutes='100000'" in refused["error"]
     assert json.loads(get("/api/queues", minutes="5"))["window"] == 300
+
+
+def test_dead_letters_of_a_queue_nobody_consumes_are_listed(
+        store: Store, tmp_path: Path, state_url: str) -> None:
+    """As `conveyor dead-letters list` does: the broker says which queues hold dead letters,
+    so one no worker, run or flag names still shows (and in the page's queue filter)."""
+    broker_url = f"sqlite:///{tmp_path}/broker.db"
+    with brokers.from_url(broker_url) as broker:
+        broker.publish("b2_nobody", b"poison")
+        delivery = first(broker, ["b2_nobody"])
+        assert delivery is not None
+        broker.dead_letter(delivery, "oom_killed: over its cap")
+    ui = Dashboard(UiConfig(SchedulerConfig.from_env({}, broker_url=broker_url,
+                                                     state_url=state_url), "", ()))
+    try:
+        doc = json.loads(ui.handle(Request("GET", "/api/dead-letters")).body)
+        page = ui.handle(Request("GET", "/dead-letters")).body
+    finally:
+        ui.close()
+    assert "b2_nobody" in doc["queues"]
+    assert [d["reason"] for d in doc["dead_letters"] if d["queue"] == "b2_nobody"] == [
+        "oom_killed: over its cap"]
+    assert b'<option value="b2_nobody"' in page

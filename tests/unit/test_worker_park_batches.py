@@ -13,7 +13,7 @@ from conveyor.limits import Parcel
 from conveyor.limits.sql import SQLiteLimiter
 from conveyor.message import Codec, Message
 from conveyor.worker.flow import Gate
-from tests.integration import flow_tasks
+from tests import flow_tasks
 
 CODEC = Codec()
 

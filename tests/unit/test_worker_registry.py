@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conveyor.locations import store_urls
 from conveyor.state import store as stores
-from conveyor.worker.registry import Registry, state_url_for, workers
+from conveyor.state.monitoring import Workers
+from conveyor.worker.registry import Registry
 
 
 def test_beats_upsert_one_row_and_close_deletes_it(tmp_path: Path) -> None:
@@ -16,12 +18,12 @@ def test_beats_upsert_one_row_and_close_deletes_it(tmp_path: Path) -> None:
     registry.beat(3)
     store = stores.from_url(url)
     try:
-        [record] = workers(store)
+        [record] = Workers(store).all()
         assert (record.hostname, record.queues, record.busy, record.free) == (
             "box-1", "default,heavy", 3, 1)
         assert not record.stale(160.0) and record.stale(160.5)
         registry.close()
-        assert workers(store) == []
+        assert Workers(store).all() == []
     finally:
         store.close()
 
@@ -35,10 +37,10 @@ def test_a_beat_carries_what_each_runner_slot_holds(tmp_path: Path) -> None:
     registry.beat(1, runners)
     store = stores.from_url(url)
     try:
-        [record] = workers(store)
+        [record] = Workers(store).all()
         assert record.runners == runners
         registry.beat(0)          # a beat without runners (they could not be read)
-        assert workers(store)[0].runners is None
+        assert Workers(store).all()[0].runners is None
     finally:
         registry.close()
         store.close()
@@ -48,10 +50,10 @@ def test_an_unreachable_store_never_raises(tmp_path: Path) -> None:
     registry = Registry("postgresql://nobody@127.0.0.1:1/none", "box", ("q",), 1, 1.0)
     registry.beat(0)
     registry.beat(0)
-    assert registry._failing
+    assert registry._store.failing
 
 
 def test_where_a_worker_registers() -> None:
-    assert state_url_for("", "").endswith("scheduler.db")
-    assert state_url_for("redis://r", "postgresql://p/db") == "postgresql://p/db"
-    assert state_url_for("redis://r", "") is None
+    assert str(store_urls("", "").registry).endswith("scheduler.db")
+    assert store_urls("redis://r", "postgresql://p/db").registry == "postgresql://p/db"
+    assert store_urls("redis://r", "").registry is None

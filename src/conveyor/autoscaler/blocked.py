@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from conveyor.broker import Broker
+from conveyor.broker import Inspector
 from conveyor.flow import LIMITS_HEADER, Spec, decode
 from conveyor.limits import Limiter, Usage
 
@@ -81,7 +81,7 @@ class Blocked:
         self._limiter: Limiter | None = None
         self._failing = False
 
-    def ready(self, broker: Broker, queue: str, ready: int) -> int:
+    def ready(self, broker: Inspector, queue: str, ready: int) -> int:
         """The ready messages of `queue` that could start now (see the module docstring)."""
         if ready <= 0 or self._open is None:
             return ready

@@ -13,29 +13,22 @@ from dataclasses import replace
 
 from conveyor.autoscaler import config as configs
 from conveyor.autoscaler import daemon as daemons
-from conveyor.config import env_flag, log_level, port, url
+from conveyor.config import env_flag
 from conveyor.signals import SignalThread
 
 log = logging.getLogger("conveyor.autoscaler")
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("autoscaler", help="scale worker Deployments or local workers on "
                             "queue depth, down to zero", description=daemons.__doc__,
                             epilog=configs.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    env_flag(p, "-f", "--config", env="CONVEYOR_AUTOSCALER_CONFIG", default="autoscaler.toml",
-             help="TOML file of targets (see below)")
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
-             help="broker URL (default: the file's broker_url, else the embedded SQLite file)")
-    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
-             help="state store where decisions are recorded for the dashboard (default: the "
-                  "file's state_url; with no broker given either, the embedded SQLite file)")
-    env_flag(p, "--metrics-port", env="CONVEYOR_AUTOSCALER_METRICS_PORT", default=None,
-             kind=port, help="port of /metrics and /api/v1/queues/<queue> (default: the "
-             "file's metrics_port, else 9400; 0: off)")
-    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
-             help="log level")
+    env_flag(p, env="CONVEYOR_AUTOSCALER_CONFIG")
+    env_flag(p, env="CONVEYOR_BROKER_URL")
+    env_flag(p, env="CONVEYOR_STATE_URL")
+    env_flag(p, env="CONVEYOR_AUTOSCALER_METRICS_PORT")
+    env_flag(p, env="CONVEYOR_LOG_LEVEL")
     p.set_defaults(run=run_autoscaler)
 
 

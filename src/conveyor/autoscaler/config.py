@@ -28,7 +28,8 @@ the file, the key and what is allowed. Unknown keys are errors too: a misspelt
     # drain_timeout = 30 and worker_args = [] (local)
 
 Precedence, as everywhere in Conveyor: flags > CONVEYOR_* environment > this file > defaults
-(the CLI applies the first two).
+(the CLI applies the first two). The top-level URLs and metrics_port are settings of the one
+table (`settings_table.ROWS`, `SHARED` below), checked as conveyor.toml's are.
 """
 
 from __future__ import annotations
@@ -39,13 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conveyor import kinds
 from conveyor.autoscaler.policy import Rule
 from conveyor.errors import ConfigError
+from conveyor.settings_table import ROWS
 
 KINDS = ("kubernetes", "local")
 _KIND_KEYS = {"kubernetes": ("deployment", "namespace", "worker_metrics_port"),
               "local": ("drain_timeout", "worker_args")}
 Check = Callable[[Any], str | None]
+#: The file's top-level keys that are settings of the table (conveyor.toml's, the
+#: variables'): the same meaning and the same check. metrics_port is autoscaler_metrics_port.
+SHARED = {"broker_url": "CONVEYOR_BROKER_URL", "state_url": "CONVEYOR_STATE_URL",
+          "limits_url": "CONVEYOR_LIMITS_URL", "metrics_port": "CONVEYOR_AUTOSCALER_METRICS_PORT"}
 
 
 @dataclass(frozen=True)
@@ -97,10 +104,10 @@ def load(path: str | Path) -> AutoscalerConfig:
 def parse(data: dict[str, Any], source: str = "autoscaler config") -> AutoscalerConfig:
     top = _Table(data, "", source)
     config = AutoscalerConfig(
-        broker_url=top.get("broker_url", str, ""),
-        state_url=top.get("state_url", str, ""),
-        limits_url=top.get("limits_url", str, ""),
-        metrics_port=top.get("metrics_port", int, 9400, _port),
+        broker_url=top.get("broker_url", str, "", _as_setting("broker_url")),
+        state_url=top.get("state_url", str, "", _as_setting("state_url")),
+        limits_url=top.get("limits_url", str, "", _as_setting("limits_url")),
+        metrics_port=top.get("metrics_port", int, 9400, _as_setting("metrics_port")),
         metrics_addr=top.get("metrics_addr", str, "0.0.0.0"),
         kubernetes=_kubernetes(top.table("kubernetes")),
         targets=tuple(_target(name, top.table("targets").table(name))
@@ -218,8 +225,23 @@ def _positive(value: float) -> str | None:
     return None if value > 0 else "must be more than 0"
 
 
-def _port(value: int) -> str | None:
-    return None if 0 <= value <= 65535 else "must be a port, 0 to 65535 (0: off)"
+def _kind(kind: Callable[[str], Any]) -> Check:
+    """A check from a kind of the settings (`conveyor.kinds`): its refusal, or None."""
+    def check(value: Any) -> str | None:
+        try:
+            kind(str(value))
+        except (ValueError, ConfigError) as exc:
+            return str(exc)
+        return None
+    return check
+
+
+def _as_setting(key: str) -> Check:
+    """The check the settings table gives the same setting."""
+    return _kind(ROWS[SHARED[key]].kind)
+
+
+_port = _kind(kinds.port)
 
 
 def _nonempty(value: str) -> str | None:

@@ -31,11 +31,11 @@ from conveyor.autoscaler.policy import Decision, Load, Memory, decide
 from conveyor.autoscaler.probes import read_depths, total
 from conveyor.autoscaler.targets import Target, TargetError
 from conveyor.autoscaler.watch import ZeroWatch
-from conveyor.broker import Broker
+from conveyor.broker import Inspector
 from conveyor.config import Settings
 from conveyor.errors import ConveyorError
 from conveyor.limits import Limiter
-from conveyor.state.store import monitoring_url
+from conveyor.locations import store_urls
 
 log = logging.getLogger("conveyor.autoscaler")
 
@@ -54,9 +54,9 @@ class Scaled:
 
 
 class Daemon:
-    def __init__(self, targets: Sequence[tuple[TargetConfig, Target]], broker: Broker,
+    def __init__(self, targets: Sequence[tuple[TargetConfig, Target]], broker: Inspector,
                  metrics: AutoscalerMetrics | None = None,
-                 open_broker: Callable[[], Broker] | None = None,
+                 open_broker: Callable[[], Inspector] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  journal: Journal | None = None,
                  open_limiter: Callable[[], Limiter] | None = None) -> None:
@@ -237,7 +237,7 @@ class Daemon:
 
 def build(config: AutoscalerConfig) -> tuple[Daemon, MetricsServer | None]:
     """The daemon for `config`, its targets made and its /metrics served."""
-    def open_broker() -> Broker:
+    def open_broker() -> Inspector:
         return brokers.from_url(config.broker_url or None)
 
     targets = [(t, make_target(t, config)) for t in config.targets]
@@ -245,9 +245,13 @@ def build(config: AutoscalerConfig) -> tuple[Daemon, MetricsServer | None]:
     metrics = AutoscalerMetrics()
     server = None
     if config.metrics_port:
-        server = MetricsServer(metrics, open_broker, config.metrics_port, config.metrics_addr,
-                               _limiter(config))
-    state_url = monitoring_url(config.broker_url, config.state_url)
+        try:
+            server = MetricsServer(metrics, open_broker, config.metrics_port,
+                                   config.metrics_addr, _limiter(config))
+        except BaseException:
+            broker.close()
+            raise
+    state_url = store_urls(config.broker_url, config.state_url).registry
     if state_url is None and targets:
         log.info("autoscaler: decisions are not recorded for the dashboard; give --state "
                  "(CONVEYOR_STATE_URL, or state_url in the file) to record them")
@@ -259,8 +263,8 @@ def build(config: AutoscalerConfig) -> tuple[Daemon, MetricsServer | None]:
 def _limiter(config: AutoscalerConfig) -> Callable[[], Limiter]:
     """The workers' limiter store, as `conveyor worker` finds it from the same settings."""
     env = Settings.from_env()
-    where = limits.url_for(config.broker_url or env.broker_url,
-                           config.state_url or env.state_url, config.limits_url or env.limits_url)
+    where = store_urls(config.broker_url or env.broker_url, config.state_url or env.state_url,
+                       limits_url=config.limits_url or env.limits_url).limits
     return lambda: limits.from_url(where)
 
 

@@ -17,8 +17,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
+
+from conveyor.state.records import Evaluation
 
 if TYPE_CHECKING:
     from conveyor.state.store import Store
@@ -32,23 +34,7 @@ RETENTION = 7 * 24 * 3600.0
 #: Records waiting for the store beyond this many are dropped (the store is stuck).
 BACKLOG = 1000
 
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One target's state after an evaluation; None where it could not be read."""
-
-    target: str
-    kind: str
-    queues: str
-    replicas: int | None
-    desired: int | None
-    min_replicas: int
-    max_replicas: int
-    ready: int | None
-    in_flight: int | None
-    reason: str
-    error: str | None
-    polling_interval: float
+__all__ = ["Evaluation", "Journal"]
 
 
 class Journal:
@@ -72,17 +58,18 @@ class Journal:
         if last is not None and last[0] == evaluation and now - last[1] < KEEPALIVE:
             return
         self._last[evaluation.target] = (evaluation, now)
-        self._put("upsert_scaler", {**asdict(evaluation), "now": now})
+        self._put("evaluated", {**asdict(evaluation), "now": now})
 
     def scaled(self, target: str, before: int, after: int, reason: str) -> None:
         """Record a replica change the daemon made, and why (loop thread)."""
-        self._put("insert_scaling", {"target": target, "from_replicas": before,
+        self._put("scaled", {"target": target, "from_replicas": before,
                                      "to_replicas": after, "reason": reason,
                                      "now": self.clock()})
 
-    def _put(self, query: str, params: dict[str, Any]) -> None:
+    def _put(self, kind: str, params: dict[str, Any]) -> None:
+        """Queue a record for the writer thread: `kind` "evaluated" or "scaled"."""
         try:
-            self._pending.put_nowait((query, params))
+            self._pending.put_nowait((kind, params))
         except queue.Full:
             log.debug("autoscaler journal: %d records wait for the store; dropped %s",
                       BACKLOG, json.dumps(params))
@@ -93,13 +80,18 @@ class Journal:
         if self._store is not None:
             self._store.close()
 
-    def _write(self, query: str, params: dict[str, Any]) -> None:
+    def _write(self, kind: str, params: dict[str, Any]) -> None:
         try:
             store = self._open()
+            from conveyor.state.monitoring import Scalers
+            scalers = Scalers(store)
             with store.transaction():
-                store.exec(query, **params)
-                if query == "insert_scaling":
-                    store.exec("forget_scalings", before=params["now"] - RETENTION)
+                if kind == "scaled":
+                    scalers.scaled(**params)
+                    scalers.forget_scalings(params["now"] - RETENTION)
+                else:
+                    scalers.evaluated({k: v for k, v in params.items() if k != "now"},
+                                      params["now"])
         except Exception as exc:  # monitoring must never stop scaling
             self._broken(exc)
             return

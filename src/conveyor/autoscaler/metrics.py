@@ -23,8 +23,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.exposition import generate_latest
 
 from conveyor.autoscaler.blocked import Blocked
-from conveyor.broker import Broker, Depth
+from conveyor.broker import Depth, Inspector
 from conveyor.limits import Limiter
+from conveyor.locations import listening
 
 log = logging.getLogger("conveyor.autoscaler")
 QUEUE_API = "/api/v1/queues/"
@@ -57,15 +58,16 @@ class AutoscalerMetrics:
 class MetricsServer:
     """A small threaded HTTP server for both endpoints; stop it with `close()`."""
 
-    def __init__(self, metrics: AutoscalerMetrics, open_broker: Callable[[], Broker],
+    def __init__(self, metrics: AutoscalerMetrics, open_broker: Callable[[], Inspector],
                  port: int, addr: str = "0.0.0.0",
                  open_limiter: Callable[[], Limiter] | None = None) -> None:
         self.metrics = metrics
         self._blocked = Blocked(open_limiter)  # used under _lock, as the broker is
         self._open_broker = open_broker
-        self._broker: Broker | None = None
+        self._broker: Inspector | None = None
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((addr, port), _handler(self))
+        with listening("the autoscaler's /metrics", addr, port, "--metrics-port"):
+            self._server = ThreadingHTTPServer((addr, port), _handler(self))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever,

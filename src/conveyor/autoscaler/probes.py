@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.autoscaler.policy import Load
-from conveyor.broker import Broker, Depth
+from conveyor.broker import Depth, Inspector
 
 IN_FLIGHT = "conveyor_in_flight"
 #: Removal costs: idle workers go first, busy ones last, those that cannot be asked between.
 IDLE_COST, UNKNOWN_COST, BUSY_COST = -1000, 0, 1000
 
 
-def read_depths(broker: Broker, queues: Sequence[str]) -> dict[str, Depth]:
+def read_depths(broker: Inspector, queues: Sequence[str]) -> dict[str, Depth]:
     """Each queue's depth; any error propagates: the caller treats it as unreadable."""
     return {queue: broker.depth(queue) for queue in queues}
 

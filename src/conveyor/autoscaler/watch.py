@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from conveyor.broker import Broker
+from conveyor.broker import Inspector
 
 log = logging.getLogger("conveyor.autoscaler")
 
@@ -32,13 +32,13 @@ class ZeroWatch:
     """Calls `poke()` when work arrives for a target the daemon has marked at zero."""
 
     def __init__(self, name: str, queues: Sequence[str], above: int,
-                 open_broker: Callable[[], Broker], poke: Callable[[], None]) -> None:
+                 open_broker: Callable[[], Inspector], poke: Callable[[], None]) -> None:
         self.name, self.queues, self.above = name, list(queues), above
         self._open_broker = open_broker
         self._poke = poke
         self._zero = threading.Event()
         self._stopping = threading.Event()
-        self._broker: Broker | None = None
+        self._broker: Inspector | None = None
         self._lock = threading.Lock()
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch-{name}", daemon=True)
@@ -91,7 +91,7 @@ class ZeroWatch:
             self._stopping.wait(ERROR_PAUSE)
             return True
 
-    def _broker_once(self) -> Broker | None:
+    def _broker_once(self) -> Inspector | None:
         with self._lock:
             if self._broker is None and not self._stopping.is_set():
                 self._broker = self._open_broker()

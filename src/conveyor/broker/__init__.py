@@ -2,8 +2,8 @@
 
 `from_url("sqlite:///path")`, `"redis://…"`, `"amqp://…"`, `"postgresql://…"`, and
 `"kombu+<transport>://…"` for any broker kombu reaches (weaker guarantees). With no URL
-configured the broker is SQLite in a per-user data file (`default_url()`). Transports are
-imported lazily so a worker on Redis never loads pika or psycopg.
+configured the broker is SQLite in a per-user data file (`locations.embedded_broker_url`).
+Transports are imported lazily so a worker on Redis never loads pika or psycopg.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from conveyor.broker.base import (
     Depth,
     Publication,
 )
+from conveyor.broker.roles import Administrator, Consumer, Inspector, Producer
+from conveyor.context import inside_task
 from conveyor.errors import ConfigError
-from conveyor.locations import data_dir, redact
+from conveyor.locations import embedded_broker_url, redact, scheme
 
 # URL scheme -> "module:Class"
 TRANSPORTS = {
@@ -36,19 +38,20 @@ TRANSPORTS = {
 KOMBU = "conveyor.broker.kombu:KombuBroker"
 
 
-def default_url() -> str:
-    """The embedded default broker: SQLite in the per-user data directory."""
-    return f"sqlite:///{data_dir() / 'conveyor.db'}"
-
-
 def from_url(url: str | None = None, **options: Any) -> Broker:
-    """The broker for `url` (the embedded default when empty)."""
-    url = url or default_url()
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    target = TRANSPORTS.get(scheme) or (KOMBU if scheme.startswith("kombu+") else None)
+    """The broker for `url` (the embedded default when empty, except inside a task)."""
+    if not url and inside_task():
+        raise ConfigError(
+            "no broker URL inside a task: a task's environment never holds its worker's, "
+            "and the embedded default here is not the worker's broker. In a Python task, "
+            "task.enqueue and default_client() publish through the worker; a command task, "
+            "or a client of your own, needs a broker URL given explicitly")
+    url = url or embedded_broker_url()
+    kind = scheme(url)
+    target = TRANSPORTS.get(kind) or (KOMBU if kind.startswith("kombu+") else None)
     if target is None:
         raise ConfigError(
-            f"broker URL {redact(url)!r} has an unknown scheme {scheme!r}: use one of "
+            f"broker URL {redact(url)!r} has an unknown scheme {kind!r}: use one of "
             + ", ".join(f"{s}://" for s in sorted(TRANSPORTS)) + ", kombu+<transport>://"
         )
     module_name, class_name = target.split(":")
@@ -72,5 +75,6 @@ def positive_option(options: dict[str, str], key: str, default: float, url: str)
     return value
 
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "Broker", "DeadLetter", "Delivery", "Depth", "Publication",
-           "default_url", "from_url", "positive_option"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "Administrator", "Broker", "Consumer", "DeadLetter",
+           "Delivery", "Depth", "Inspector", "Producer", "Publication", "from_url",
+           "positive_option"]

@@ -17,13 +17,16 @@ written down once, here, and checked by one conformance suite (`tests/contract/`
   reaches a waiting consumer in milliseconds.
 
 Admin operations (listing and re-queueing dead letters, purging) are on the same class but
-kept apart at the bottom: workers never need them, operators and tests do.
+kept apart at the bottom: workers never need them, operators and tests do. Callers above the
+broker layer depend on the narrow role they use (`roles.py`: producer, consumer, inspector,
+administrator), never on this whole class.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -105,6 +108,8 @@ class Broker(abc.ABC):
         self._outstanding = 0
         self._outstanding_lock = threading.Lock()
         self._interrupted = threading.Event()
+        #: a transport's Reconnect(stopping=...): set by stop_retrying()
+        self._stopping = threading.Event()
         self._paused = False
         self._prefetch = 1
         self._ahead = 0  # see consume()
@@ -141,8 +146,11 @@ class Broker(abc.ABC):
         `ahead` more than `prefetch` into this object's buffer, so the next delivery is
         already here when a held one is settled, instead of one round trip later. They are
         not handed out before then, count as ready in `depth`, and go back on `pause()`,
-        `close()` or a lost connection. The cost: a message waits behind this consumer's
-        running work while another consumer may be idle. Others ignore it.
+        `close()` or a lost connection. A transport that claims (Postgres) may take up to
+        `ahead` more in one claim (`_reads_ahead`): leased to this consumer and buffered
+        here, they are handed out without a round trip, renewed by `renew_claimed`, and go
+        back on `give_back_claimed()` or `close()`. The cost: a message waits behind this
+        consumer's running work while another consumer may be idle. Others ignore it.
         """
         self._prefetch = prefetch
         self._ahead = ahead
@@ -159,9 +167,12 @@ class Broker(abc.ABC):
         step_timeout: float | None = None
         while True:
             deadline = time.monotonic() + (timeout if step_timeout is None else step_timeout)
+            if buffered and (due := self.owed_for) is not None and due <= 0:
+                self.send_owed()  # no claim this step to carry them
             while not buffered:
                 if self.outstanding < prefetch and not self._paused:
-                    buffered.extend(self._claim(queues, prefetch - self.outstanding))
+                    free = prefetch - self.outstanding
+                    buffered.extend(self._claim(queues, free + self._reads_ahead()))
                     if buffered:
                         break
                 remaining = deadline - time.monotonic()
@@ -213,6 +224,13 @@ class Broker(abc.ABC):
             except LeaseLost:
                 self._unhanded.remove(delivery)
 
+    def give_back_claimed(self) -> None:
+        """Give back at once what `consume` claimed and has not handed out (a draining
+        worker), so other consumers run it now instead of after this one stops."""
+        buffered = list(self._unhanded)
+        self._unhanded.clear()  # the consume loop's own list: it hands none of them out
+        self._return_unhanded(buffered)
+
     def _return_unhanded(self, buffered: list[Delivery]) -> None:
         """A consume loop dropped with claims it never handed out returns them at once,
         instead of leaving them leased until their lease expires."""
@@ -224,15 +242,23 @@ class Broker(abc.ABC):
                 log.warning("could not give back an unused delivery from %s (%s); it returns "
                             "when its lease expires", delivery.queue, exc)
 
+    def _reads_ahead(self) -> int:
+        """How many deliveries beyond its free slots a consume step claims (see `consume`'s
+        `ahead`); 0 unless the transport claims in batches."""
+        return 0
+
     def _may_claim(self) -> bool:
         """Whether the consume loop would claim now: a `_wait` that says no should sleep
         until woken, not until the next due message (which it could not take anyway)."""
         return self.outstanding < self._prefetch and not self._paused
 
-    def pause(self) -> None:
-        """Stop claiming new deliveries (a draining worker); held ones stay ours to settle."""
+    def pause(self, *, wake: bool = True) -> None:
+        """Stop claiming new deliveries (a draining worker); held ones stay ours to settle.
+        `wake=False`: the caller has a blocked step woken itself (`wakeup()` may wait on an
+        unreachable broker: a signal handler's thread must not)."""
         self._paused = True
-        self.wakeup()
+        if wake:
+            self.wakeup()
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
         """Hook: subscribe, declare, or listen before the first claim."""
@@ -256,6 +282,20 @@ class Broker(abc.ABC):
         claim). A lease lost by then is logged when the answer arrives, not raised: use
         ack() where the caller must know. By default this is ack()."""
         self.ack(delivery)
+
+    @property
+    def owed_for(self) -> float | None:
+        """Seconds until the acks `ack_soon` deferred are due to be sent (0 or less: now),
+        None when none is owed. A transport that defers them to its next claim sends them
+        by then: the consume loop before it hands out a delivery claimed earlier or waits;
+        a consumer that stops stepping it (its slots are full) calls `send_owed` when due,
+        so no ack waits longer than that on its next step."""
+        return None
+
+    def send_owed(self) -> bool:
+        """Send the acks `ack_soon` deferred, now; False if `wakeup()` interrupted it while
+        the broker was away (they stay owed)."""
+        return True
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """ack() each, in one round trip where the transport can (a worker acks a batch it
@@ -331,6 +371,22 @@ class Broker(abc.ABC):
     def _poll_depth_sleep(self, queues: Sequence[str], timeout: float) -> None:
         self._interrupted.wait(min(timeout, WATCH_POLL_SECONDS))
 
+    def hold_connections_with(self, hold: Callable[[socket.socket], None]) -> None:
+        """Call `hold` with every connection whose close hands this consumer's deliveries to
+        another at once (now, and each time one is opened), so a worker can keep it open
+        until its runners are gone (`Pool.hold`). Transports whose redelivery waits for a
+        lease to lapse have none: the lease outlasts any runner of a dead worker."""
+        return
+
+    def stop_retrying(self, *, wake: bool = True) -> None:
+        """The process stops at once (a worker's cold stop): a call retrying an unreachable
+        broker gives up at its next pause, and later ones after their first failed attempt,
+        raising BrokerConnectionError. Thread-safe. Transports without retries ignore it.
+        `wake=False`: as for `pause`."""
+        self._stopping.set()
+        if wake:
+            self.wakeup()
+
     def wakeup(self) -> None:
         """Make a blocked `consume` step return `None` soon. Thread-safe."""
         self._interrupted.set()
@@ -345,6 +401,13 @@ class Broker(abc.ABC):
         """Release connections. Unsettled deliveries go back to the queue."""
 
     # -- admin: operators and tests, not workers -----------------------------------------
+
+    def dead_queues(self) -> list[str]:
+        """The queues holding dead letters now, sorted, whoever consumes them (or nobody):
+        an operator must see every one without knowing its name. A transport that cannot
+        list its queues raises BrokerError saying so (kombu), and the readers warn that
+        their listing is partial."""
+        return []
 
     @abc.abstractmethod
     def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetter]:

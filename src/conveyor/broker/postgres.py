@@ -3,13 +3,25 @@
 URL: `postgresql://user@host:5432/db?schema=conveyor&ack_commit=async&retry_seconds=60`.
 Conveyor's options: `schema` (default `conveyor`) holds the tables, created and migrated on
 first use; `ack_commit` is `async` (default) or `sync`, see Durability; `retry_seconds`, see
-Connection loss. Every other option goes to libpq.
+Connection loss; `vacuum_every` (default 10000, 0: never), see Backlog. Every other option
+goes to libpq (broker/pgurl.py reads the URL).
 
 * Claim: one statement locks up to `limit` ready rows (priority, then age) with
   `SKIP LOCKED` and leases them: `locked_until` plus a per-claim token that ack, retry,
   dead-letter and heartbeat must present, so a consumer whose lease expired cannot settle a
   message someone else now owns (`LeaseLost`). An expired lease is ready again: crash recovery.
-  The base loop asks for `prefetch - outstanding` at once, so one round trip serves a batch.
+  The base loop asks for `prefetch - outstanding` at once, so one round trip serves a batch;
+  a consumer reading ahead (a worker, `--read-ahead`) asks for that many more while its
+  claims took more than `prefetch` rows in the last READ_AHEAD_WINDOW (short tasks), and
+  holds them leased.
+* Acks: `ack_soon` owes the ack to the next claim, whose statement deletes the acked rows
+  and leases the next ones (one round trip, one commit); owed OWED_SECONDS without a claim,
+  or before the consumer waits or closes, they go as one `ack_many`. A worker killed with
+  acks owed has those messages delivered again when their leases expire (at-least-once).
+* Backlog: a claim costs the same with ten rows queued or a million, whatever the
+  planner's statistics say: it reads the head of an index that holds only ready rows, in
+  that index's order (sql/postgres.sql says how), and the consumer vacuums the table every
+  `vacuum_every` claims so that dead entries do not pile up at that head (`pgvacuum.py`).
 * Durability: publish, retry, dead-letter and heartbeat return after their commit is flushed
   (`synchronous_commit` as the server has it). Two commits do not wait for the flush, because
   losing them can only cause a redelivery, never a loss:
@@ -43,16 +55,16 @@ import re
 import select
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import make_conninfo
 
-from conveyor import sqlfiles
+from conveyor import refusals, sqlfiles
+from conveyor.broker import pgvacuum
 from conveyor.broker.base import (
     DEFAULT_LEASE_SECONDS,
     Broker,
@@ -61,14 +73,9 @@ from conveyor.broker.base import (
     Depth,
     Publication,
 )
-from conveyor.broker.reconnect import (
-    DEPRECATED_RETRY_OPTION,
-    RETRY_OPTION,
-    Backoff,
-    Reconnect,
-    retry_seconds,
-)
-from conveyor.errors import BrokerConnectionError, BrokerError, ConfigError, LeaseLost
+from conveyor.broker.pgurl import parse_url
+from conveyor.broker.reconnect import Reconnect, Recovery
+from conveyor.errors import BrokerConnectionError, BrokerError, LeaseLost
 from conveyor.locations import redact
 
 log = logging.getLogger(__name__)
@@ -82,53 +89,14 @@ MIGRATIONS = sorted((int(m[1]), m[0]) for name in Q
                     if (m := re.fullmatch(r"migration_(\d+)", name)))
 #: Longest sleep without a wake-up: a safety net should a notification ever be missed.
 POLL_FALLBACK = 5.0
-DEFAULT_SCHEMA = "conveyor"
-#: Lowercase so it needs no quoting anywhere; short enough that `conveyor_<schema>` is a
-#: valid NOTIFY channel (63 bytes at most).
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,53}")
-_ACK_COMMITS = {"async": "ack_async", "sync": "ack"}
-#: libpq settings that matter to a long-lived broker connection, unless the URL sets them:
-#: fail a connect attempt in 10 s instead of never, and notice a dead peer in ~1 min.
-_CONNECT_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "30",
-                     "keepalives_interval": "10", "keepalives_count": "3"}
+#: The longest an ack waits for a claim to carry it (seconds; see ack_soon): a worker killed
+#: meanwhile has that message delivered again, as one killed before its ack would.
+OWED_SECONDS = 0.05
+#: A consumer that claimed more than `prefetch` rows in this many seconds claims `ahead` more
+#: rows than it has free slots (a worker's --read-ahead): see PostgresBroker._reads_ahead.
+READ_AHEAD_WINDOW = 0.05
 #: SQLSTATEs that mean the session is gone (the server sends them as it drops us).
 _SESSION_GONE = {"57P01", "57P02", "57P03"}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What a broker URL says: libpq parameters, plus Conveyor's own options."""
-
-    params: dict[str, Any]
-    schema: str
-    ack_query: str
-    retry_seconds: float
-
-
-def parse_url(url: str) -> Settings:
-    """`postgresql://…?schema=x&ack_commit=sync&…` -> Settings; ConfigError if invalid."""
-    parts = urlsplit(url)
-    options = parse_qsl(parts.query, keep_blank_values=True)
-    own = {k: v for k, v in options
-           if k in ("schema", "ack_commit", RETRY_OPTION, DEPRECATED_RETRY_OPTION)}
-    schema, ack_commit = own.get("schema", DEFAULT_SCHEMA), own.get("ack_commit", "async")
-    if not _SCHEMA_NAME.fullmatch(schema):
-        raise ConfigError(
-            f"Postgres broker URL {redact(url)!r}: schema {schema!r} is not allowed; use "
-            "lowercase letters, digits and _ (not first), at most 54 characters")
-    if ack_commit not in _ACK_COMMITS:
-        raise ConfigError(f"Postgres broker URL {redact(url)!r}: ack_commit={ack_commit!r}; "
-                          "use ack_commit=async (the default) or ack_commit=sync")
-    rest = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in options
-                                                      if k not in own])))
-    try:
-        params = conninfo_to_dict(rest)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"Postgres broker URL {redact(url)!r} is not valid: {exc}") from exc
-    # Tables are unqualified in the SQL: the schema is every session's search_path.
-    params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
-    return Settings({**_CONNECT_DEFAULTS, **params}, schema, _ACK_COMMITS[ack_commit],
-                    retry_seconds(own, url))
 
 
 def is_connection_loss(exc: BaseException) -> bool:
@@ -145,15 +113,20 @@ class PostgresBroker(Broker):
         super().__init__(lease_seconds)
         self.url = redact(url)
         self.settings = parse_url(url)
+        self._ack_many_query = self.settings.ack_query.replace("ack", "ack_many", 1)
         self.schema = self.settings.schema
         self._reconnect = Reconnect(f"the Postgres broker at {self.url}", log,
-                                    is_connection_loss, self.settings.retry_seconds)
-        self._backoff = Backoff()  # a consumer's, carried across its steps
+                                    is_connection_loss, self.settings.retry_seconds,
+                                    refusals.postgres, stopping=self._stopping)
+        self._recovery = Recovery(self._reconnect)  # a consumer's, across its steps
         self._channel = f"conveyor_{self.schema}"
         #: Starts every application_name of this broker: find its sessions in pg_stat_activity.
         prefix = self.settings.params.get("application_name") or "conveyor"
         self.name = f"{prefix}:{uuid.uuid4().hex[:8]}"
         self._leases: dict[int, uuid.UUID] = {}  # row id -> lease token, for release on close
+        self._owed: list[Delivery] = []  # acked with ack_soon, sent with the next claim
+        self._owed_since = 0.0  # monotonic: when the first of them was owed
+        self._recent: deque[tuple[float, int]] = deque()  # (monotonic, rows): _reads_ahead
         self._closed = False
         self._listener: Connection | None = None
         self._next_read = 0.0  # monotonic time to read piled-up notifications again
@@ -161,6 +134,10 @@ class PostgresBroker(Broker):
         for fd in (self._pipe_r, self._pipe_w):
             os.set_blocking(fd, False)
         self._cur: Cursor | None = None
+        self._vacuum = pgvacuum.Vacuum(
+            make_conninfo(**{**self.settings.params, "application_name": f"{self.name}:vacuum"}),
+            float(self.settings.params["connect_timeout"]) or 60.0,  # libpq: 0 is no limit
+            self.settings.vacuum_every, self.url)
         try:
             self._cur = self._reconnect.call("connecting", lambda: self._connect("main").cursor())
         except psycopg.OperationalError as exc:
@@ -232,8 +209,7 @@ class PostgresBroker(Broker):
     def _consumer_run(self, what: str, fn: Callable[[Cursor], T]) -> T | None:
         """`_run` for the consume loop: it retries for as long as the outage lasts (a worker
         outlives it), and returns None when `wakeup()` interrupts it."""
-        return self._reconnect.until(what, lambda: fn(self._main_cursor()), self._interrupted,
-                                     self._backoff)
+        return self._recovery.attempt(what, lambda: fn(self._main_cursor()), self._interrupted)
 
     def _main_cursor(self) -> Cursor:
         """The main session's cursor, reconnected if the session is gone."""
@@ -271,8 +247,7 @@ class PostgresBroker(Broker):
 
     def _start_consuming(self, queues: Sequence[str], prefetch: int) -> None:
         if self._listener is None:
-            self._listener = self._reconnect.until("LISTEN", self._listen, self._interrupted,
-                                                   self._backoff)
+            self._listener = self._recovery.attempt("LISTEN", self._listen, self._interrupted)
 
     def _listen(self) -> Connection:
         """A fresh session LISTENing on this schema's channel."""
@@ -286,6 +261,17 @@ class PostgresBroker(Broker):
             raise
         return conn
 
+    def _reads_ahead(self) -> int:
+        """`ahead` while this consumer claimed more than `prefetch` rows in the last
+        READ_AHEAD_WINDOW (short tasks, where a round trip per task is what bounds a worker),
+        else 0: a slow consumer's claim takes only what its free slots start now, and holds
+        nothing back from another consumer. Rows, not claims: slots of long tasks that free
+        together claim one each in a burst, never more than `prefetch` rows."""
+        now = time.monotonic()
+        while self._recent and now - self._recent[0][0] > READ_AHEAD_WINDOW:
+            self._recent.popleft()
+        return self._ahead if sum(n for _, n in self._recent) > self._prefetch else 0
+
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         self._read_piled_up_notifications()
         lease = uuid.uuid4()
@@ -296,17 +282,40 @@ class PostgresBroker(Broker):
                 break
         for delivery in claimed:
             self._leases[delivery.receipt[0]] = lease
+        self._vacuum.claimed(len(claimed))
+        if claimed:
+            self._recent.append((time.monotonic(), len(claimed)))
         return claimed
 
     def _claim_from(self, queue: str, limit: int, lease: uuid.UUID) -> list[Delivery]:
-        """One claim statement on one queue, in delivery order."""
+        """One claim statement on one queue, in delivery order; it carries the owed acks."""
+        owed = list(self._owed)
         params = {"queue": queue, "limit": limit, "lease": lease,
-                  "lease_seconds": self.lease_seconds}
+                  "lease_seconds": self.lease_seconds, **self._ack_params(owed)}
         rows = self._consumer_run("claim", lambda cur: cur.execute(Q["claim"], params)
-                                  .fetchall()) or []
-        rows.sort(key=lambda r: (-r[3], r[0]))  # RETURNING order is not guaranteed
+                                  .fetchall())
+        if rows is None:
+            return []  # woken while Postgres is away: the acks stay owed
+        self._sent(owed, {r[1] for r in rows if r[0] == "acked"})
+        claimed = sorted((r[1:] for r in rows if r[0] == "claimed"),
+                         key=lambda r: (-r[3], r[0]))  # RETURNING order is not guaranteed
         return [Delivery(queue=queue, body=r[1], delivery_count=r[2], receipt=(r[0], lease),
-                         priority=r[3]) for r in rows]
+                         priority=r[3]) for r in claimed]
+
+    def _ack_params(self, owed: list[Delivery]) -> dict[str, Any]:
+        """The claim's acks: ids, leases, and whether its commit waits for the flush."""
+        return {**_receipts(owed), "flush": bool(owed) and self.settings.ack_query == "ack"}
+
+    def _sent(self, owed: list[Delivery], gone: set[int]) -> None:
+        """`owed` reached Postgres, which deleted the rows `gone`; the others were not ours."""
+        del self._owed[:len(owed)]
+        self._owed_since = time.monotonic()  # for those owed meanwhile, if any
+        for delivery in owed:
+            if delivery.receipt[0] not in gone:
+                log.warning("ack of message %s on queue %r: it was no longer ours (its lease "
+                            "expired and another consumer claimed it again, or the queue was "
+                            "purged); the other consumer's outcome will be recorded",
+                            delivery.receipt[0], delivery.queue)
 
     def _read_piled_up_notifications(self) -> None:
         """Once a second, read what a busy consumer (one that never waits) was sent.
@@ -323,6 +332,8 @@ class PostgresBroker(Broker):
 
     def _wait(self, queues: Sequence[str], timeout: float) -> None:
         """Sleep until a NOTIFY for one of `queues`, a wake-up, a due row, or `timeout`."""
+        if not self.send_owed():
+            return  # woken while Postgres is away
         seconds = min(timeout, POLL_FALLBACK)
         if self._may_claim():  # a claim comes next
             due = self._consumer_run("wait", lambda cur: cur.execute(
@@ -334,8 +345,8 @@ class PostgresBroker(Broker):
     def _sleep(self, queues: set[str], seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while (remaining := deadline - time.monotonic()) > 0:
-            listener = self._listener or self._reconnect.until(
-                "LISTEN", self._listen, self._interrupted, self._backoff)
+            listener = self._listener or self._recovery.attempt("LISTEN", self._listen,
+                                                                self._interrupted)
             if listener is None:
                 return  # woken while Postgres is away
             self._listener = listener
@@ -355,8 +366,7 @@ class PostgresBroker(Broker):
                         "(%s); reconnecting and listening again", self.url, _one_line(exc))
             listener.close()
             self._listener = None
-            self._listener = self._reconnect.until("LISTEN", self._listen, self._interrupted,
-                                                   self._backoff)
+            self._listener = self._recovery.attempt("LISTEN", self._listen, self._interrupted)
             return True  # notifications sent meanwhile are lost: claim now to be sure
         return not queues.isdisjoint(payloads)
 
@@ -376,19 +386,62 @@ class PostgresBroker(Broker):
     def ack(self, delivery: Delivery) -> None:
         self._settle(delivery, self.settings.ack_query)
 
+    def ack_soon(self, delivery: Delivery) -> None:
+        """Owe the ack: the consumer's next claim carries it (one statement, one round trip
+        and one commit for both, and a worker reading ahead claims once per batch), or
+        `send_owed` once it has been owed OWED_SECONDS (see `owed_for`), or before the
+        consume loop waits. Until then the row stays leased to us: were this process
+        killed, the message would be delivered again once the lease expires
+        (at-least-once), as when it is killed before `ack`. A lease lost by then is logged,
+        not raised."""
+        self._leases.pop(delivery.receipt[0], None)
+        if not self._owed:
+            self._owed_since = time.monotonic()
+        self._owed.append(delivery)
+        self._settled()
+
+    @property
+    def owed_for(self) -> float | None:
+        return self._owed_since + OWED_SECONDS - time.monotonic() if self._owed else None
+
+    def send_owed(self) -> bool:
+        """One statement for the owed acks; retried for as long as Postgres is away, False
+        if `wakeup()` interrupts that (they stay owed)."""
+        owed = list(self._owed)
+        if not owed:
+            return True
+        query, params = self._ack_many_query, _receipts(owed)
+        rows = self._consumer_run("ack", lambda cur: cur.execute(Q[query], params).fetchall())
+        if rows is None:
+            return False
+        self._sent(owed, {row[0] for row in rows})
+        return True
+
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """One statement for them all, committed as `ack` is (ack_commit)."""
         if not deliveries:
             return []
-        query = self.settings.ack_query.replace("ack", "ack_many", 1)
-        params = {"ids": [d.receipt[0] for d in deliveries],
-                  "leases": [d.receipt[1] for d in deliveries]}
+        query, params = self._ack_many_query, _receipts(deliveries)
         gone = {row[0] for row in self._run(query, lambda cur: cur.execute(
             Q[query], params).fetchall())}
         for delivery in deliveries:
             self._leases.pop(delivery.receipt[0], None)
             self._settled()
         return [d for d in deliveries if d.receipt[0] not in gone]
+
+    def _return_unhanded(self, buffered: list[Delivery]) -> None:
+        """One statement for what a claim read ahead and nobody started: ready at once."""
+        if not buffered:
+            return
+        for delivery in buffered:
+            self._leases.pop(delivery.receipt[0], None)
+        params = {**_receipts(buffered), "channel": self._channel}
+        try:
+            self._run("give back", lambda cur: cur.execute(Q["release"], params))
+        except BrokerError as exc:
+            log.warning("could not give back %d deliveries claimed ahead (%s); they return "
+                        "when their leases expire, within %g s", len(buffered), exc,
+                        self.lease_seconds)
 
     def retry_later(self, delivery: Delivery, delay: float = 0.0,
                     body: bytes | None = None) -> None:
@@ -434,8 +487,10 @@ class PostgresBroker(Broker):
 
     def close(self) -> None:
         """Give back unsettled deliveries (ready at once), then close both sessions."""
+        self._unhanded.clear()  # claimed ahead: leased, so given back with the rest here
         self._release_held()
         self._closed = True
+        self._vacuum.close()
         for conn in (self._listener, self._cur.connection if self._cur else None):
             if conn is not None:
                 conn.close()
@@ -443,7 +498,10 @@ class PostgresBroker(Broker):
         self._close_pipe()
 
     def _release_held(self) -> None:
-        """One statement, no reconnecting: close() must not hang on a dead server."""
+        """Send the owed acks, then give back the rest, in one statement each and without
+        reconnecting: close() must not hang on a dead server. Owed acks that do not arrive
+        are not given back: those messages come back when their leases expire."""
+        self._send_owed_closing()
         if not self._leases:
             return
         held = list(self._leases.items())
@@ -459,6 +517,19 @@ class PostgresBroker(Broker):
                         "be redelivered when their leases expire, within %g s",
                         len(held), _one_line(exc), self.lease_seconds)
 
+    def _send_owed_closing(self) -> None:
+        owed, self._owed = self._owed, []
+        if not owed:
+            return
+        try:
+            if self._cur is None or self._cur.connection.closed:
+                raise psycopg.OperationalError("the connection is closed")
+            self._cur.execute(Q[self._ack_many_query], _receipts(owed))
+        except psycopg.Error as exc:
+            log.warning("could not send %d acks on close (%s); those messages are delivered "
+                        "again when their leases expire, within %g s",
+                        len(owed), _one_line(exc), self.lease_seconds)
+
     def _close_pipe(self) -> None:
         for fd in (self._pipe_r, self._pipe_w):
             if fd >= 0:
@@ -466,6 +537,10 @@ class PostgresBroker(Broker):
         self._pipe_r = self._pipe_w = -1
 
     # -- admin ------------------------------------------------------------------------------
+
+    def dead_queues(self) -> list[str]:
+        rows = self._run("dead_queues", lambda cur: cur.execute(Q["dead_queues"]).fetchall())
+        return [row[0] for row in rows]
 
     def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetter]:
         rows = self._run("dead_letters", lambda cur: cur.execute(
@@ -487,6 +562,12 @@ class PostgresBroker(Broker):
         params = {"queue": queue, "ids": _numbers(queue, ids)}
         return self._run("purge_dead", lambda cur: cur.execute(Q["purge_dead"], params)
                          .rowcount)
+
+
+def _receipts(deliveries: Sequence[Delivery]) -> dict[str, list[Any]]:
+    """The ids and lease tokens of `deliveries`, as the ack_many and claim queries take them."""
+    return {"ids": [d.receipt[0] for d in deliveries],
+            "leases": [d.receipt[1] for d in deliveries]}
 
 
 def _numbers(queue: str, ids: Sequence[str] | None) -> list[int] | None:

@@ -50,6 +50,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, NoScriptError
 from redis.retry import Retry
 
+from conveyor import refusals
 from conveyor.broker.base import (
     DEFAULT_LEASE_SECONDS,
     Broker,
@@ -61,12 +62,11 @@ from conveyor.broker.base import (
 from conveyor.broker.reconnect import (
     DEPRECATED_RETRY_OPTION,
     RETRY_OPTION,
-    Backoff,
     Reconnect,
-    one_line,
+    Recovery,
     retry_seconds,
 )
-from conveyor.errors import BrokerError, ConfigError, LeaseLost
+from conveyor.errors import BrokerError, ConfigError, LeaseLost, Refused, one_line
 from conveyor.locations import redact
 
 log = logging.getLogger("conveyor.broker.redis")
@@ -121,8 +121,8 @@ class RedisBroker(Broker):
         super().__init__(lease_seconds)
         self._url, self.prefix, limit = parse_url(url)
         self._reconnect = Reconnect(f"Redis at {redact(self._url)}", log, self._retryable,
-                                    limit)
-        self._backoff = Backoff()  # a consumer's, carried across its steps
+                                    limit, refusals.redis, stopping=self._stopping)
+        self._recovery = Recovery(self._reconnect)  # a consumer's, across its steps
         #: CLIENT SETNAME of this broker's connections, so operators can find them.
         self.connection_name = f"conveyor-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._wake_key = f"{self.prefix}:c:{self.connection_name}:wake"
@@ -134,7 +134,8 @@ class RedisBroker(Broker):
         self._signal_lock = threading.Lock()
         self._signal_owner: int | None = None  # thread inside _interrupt_wait, if any
         self._unread: list[Delivery] = []  # acks sent whose answers are still on the wire
-        self._client = self._call("connect", self._connect, self.connection_name)
+        self._client = self._reconnect.call("connect",
+                                            lambda: self._connect(self.connection_name))
         self._scripts = {name: self._client.register_script(script_source(name))
                          for name in SCRIPTS}
 
@@ -174,8 +175,7 @@ class RedisBroker(Broker):
         is back, so a worker cannot silently stop consuming; `wakeup()` ends the step.
         """
         try:
-            return self._reconnect.until(what, lambda: fn(*args), self._interrupted,
-                                         self._backoff)
+            return self._recovery.attempt(what, lambda: fn(*args), self._interrupted)
         except REFUSED as exc:
             raise self._refused(exc) from exc
 
@@ -188,9 +188,8 @@ class RedisBroker(Broker):
             raise self._refused(exc) from exc
 
     def _refused(self, exc: BaseException) -> BrokerError:
-        return BrokerError(f"Redis at {redact(self._url)} refused this client "
-                           f"({type(exc).__name__}: {exc}); fix the user, password or ACL in "
-                           "the broker URL: retrying would not help")
+        return Refused(f"Redis at {redact(self._url)} {refusals.redis(exc)}; retrying "
+                           "would not help")
 
     def _run(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run script `name` by EVALSHA straight on our connection.
@@ -494,6 +493,14 @@ class RedisBroker(Broker):
                             self.lease_seconds)
 
     # -- admin ---------------------------------------------------------------------------
+
+    def dead_queues(self) -> list[str]:
+        """From the keys: a queue's dead set exists only while it holds a letter."""
+        head, tail = self._key("", "dead").split("::", 1)
+        keys = self._call("listing queues with dead letters", lambda: list(
+            self._client.scan_iter(match=f"{head}:*:{tail}", count=1000)))
+        names = (k.decode() if isinstance(k, bytes) else str(k) for k in keys)
+        return sorted({n[len(head) + 1:-len(tail) - 1] for n in names})
 
     def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetter]:
         if limit <= 0:

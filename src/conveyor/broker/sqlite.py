@@ -7,12 +7,19 @@ consumer whose lease expired cannot settle a message someone else now owns. Expi
 are simply claimable again, which is the whole crash-recovery story. Consumers sleep on a
 `WakeChannel` socket that publishers ping after each commit.
 
+Outage: a database file another process keeps write-locked (a long transaction, a backup)
+past the busy timeout (`BUSY_TIMEOUT`) is this transport's outage. A settle, heartbeat or
+publish then raises `BrokerConnectionError` as a lost connection does on the other
+transports (a worker holds the settle and skips the heartbeat), and a claim finds nothing
+and is tried again after the consumer's wait, instead of sqlite3's error stopping the worker.
+
 Durability: `synchronous=NORMAL` in WAL mode survives any process crash; a power loss may
 drop the last commits. Set `?synchronous=FULL` in the URL to trade speed for that.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 import uuid
@@ -30,10 +37,13 @@ from conveyor.broker.base import (
     Publication,
 )
 from conveyor.broker.wake import WakeChannel
-from conveyor.errors import LeaseLost
+from conveyor.errors import BrokerConnectionError, LeaseLost
 from conveyor.locations import path_from_url
 
 Q = sqlfiles.load("conveyor.broker", "sql/sqlite.sql")
+log = logging.getLogger("conveyor.broker.sqlite")
+#: Seconds a statement waits for another process's write lock before it gives up.
+BUSY_TIMEOUT = 30.0
 #: Longest sleep without a wake-up: a safety net should a datagram ever be lost.
 POLL_FALLBACK = 5.0
 
@@ -45,7 +55,7 @@ class SQLiteBroker(Broker):
         super().__init__(lease_seconds)
         self.path, options = path_from_url(url)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30,
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT,
                                    check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={options.get('synchronous', 'NORMAL')}")
@@ -57,8 +67,10 @@ class SQLiteBroker(Broker):
 
     def publish(self, queue: str, body: bytes, *, priority: int = 0,
                 delay: float = 0.0) -> None:
-        self._db.execute(Q["publish"], {"queue": queue, "body": body, "priority": priority,
-                                        "available_at": time.time() + max(0.0, delay)})
+        with self._unless_locked(f"publish to queue {queue!r}"):
+            self._db.execute(Q["publish"], {"queue": queue, "body": body,
+                                            "priority": priority,
+                                            "available_at": time.time() + max(0.0, delay)})
         self._wake.notify_all()
 
     def publish_many(self, publications: Sequence[Publication]) -> None:
@@ -70,7 +82,7 @@ class SQLiteBroker(Broker):
         now = time.time()
         rows = [{"queue": p.queue, "body": p.body, "priority": p.priority,
                  "available_at": now + max(0.0, p.delay)} for p in publications]
-        with self._transaction():
+        with self._unless_locked(f"publish of {len(rows)} messages"), self._transaction():
             self._db.executemany(Q["publish"], rows)
         self._wake.notify_all()
 
@@ -89,11 +101,32 @@ class SQLiteBroker(Broker):
             self._db.execute("ROLLBACK")
             raise
 
+    @contextmanager
+    def _unless_locked(self, what: str) -> Iterator[None]:
+        """sqlite3's error for a file locked past the busy timeout, as the outage it is."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorname", "") not in ("SQLITE_BUSY", "SQLITE_LOCKED") \
+                    and "locked" not in str(exc):
+                raise
+            raise BrokerConnectionError(
+                f"{what}: the SQLite database {self.path} stayed locked by another process "
+                f"for {BUSY_TIMEOUT:g} s ({exc}); find what holds its write lock (a long "
+                "transaction, a backup, a process stopped mid-write)") from None
+
     def _claim(self, queues: Sequence[str], limit: int) -> list[Delivery]:
+        try:
+            return self._claim_now(queues, limit)
+        except BrokerConnectionError as exc:
+            log.warning("%s; claiming again after the next wait", exc)
+            return []
+
+    def _claim_now(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         lease = uuid.uuid4().hex
         now = time.time()
         claimed: list[Delivery] = []
-        with self._transaction():
+        with self._unless_locked(f"claim from {', '.join(queues)}"), self._transaction():
             for queue in queues:
                 rows = self._db.execute(Q["claim"], {
                     "queue": queue, "now": now, "lease_seconds": self.lease_seconds,
@@ -120,8 +153,9 @@ class SQLiteBroker(Broker):
 
     def _settle(self, delivery: Delivery, query: str, **params: Any) -> None:
         row_id, lease = delivery.receipt
-        cursor = self._db.execute(Q[query], {"id": row_id, "lease": lease, "now": time.time(),
-                                             **params})
+        with self._unless_locked(f"{query} of message {row_id} on queue {delivery.queue!r}"):
+            cursor = self._db.execute(Q[query], {"id": row_id, "lease": lease,
+                                                 "now": time.time(), **params})
         if query != "extend_lease":
             self._leases.pop(row_id, None)
             self._settled()
@@ -135,7 +169,7 @@ class SQLiteBroker(Broker):
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """One transaction for them all (one commit instead of one per message)."""
-        with self._transaction():
+        with self._unless_locked(f"ack of {len(deliveries)} messages"), self._transaction():
             lost = [d for d in deliveries if self._db.execute(Q["ack"], {
                 "id": d.receipt[0], "lease": d.receipt[1]}).rowcount != 1]
         for delivery in deliveries:
@@ -181,6 +215,9 @@ class SQLiteBroker(Broker):
         self._db.close()
 
     # -- admin ------------------------------------------------------------------------------
+
+    def dead_queues(self) -> list[str]:
+        return [row[0] for row in self._db.execute(Q["dead_queues"])]
 
     def dead_letters(self, queue: str, limit: int = 100) -> list[DeadLetter]:
         rows = self._db.execute(Q["dead_letters"], {"queue": queue, "limit": limit})

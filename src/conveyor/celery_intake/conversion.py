@@ -5,9 +5,12 @@ A Celery message is headers (`task`, `id`, `retries`, `eta`, `expires`, `timelim
 JSON serializer is read: the content type is checked before the body is touched, so a
 pickled (or yaml, msgpack) body is never deserialized; it is rejected with a reason naming
 its serializer. `eta` (and `countdown`, which Celery turns into `eta`) becomes a delay on
-Conveyor's broker; `expires` already past, or reached before `eta`, is rejected as
-`expired`. Canvas (callbacks, chains, chords) is rejected too: the intake runs single
-tasks, and silently dropping a callback would lose work.
+Conveyor's broker; `expires` becomes the message's own `expires`, so a worker that comes
+to it too late (or at once, when it was already past) dead-letters it unrun with reason
+`expired` (REVOKED in Celery's result backend, as Celery's own worker says).
+Chains and chords are carried in headers for the outcome loop to follow (`canvas.py`);
+what of the canvas the intake cannot run (link callbacks, nested canvases) is rejected:
+silently dropping a callback would lose work.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from conveyor.celery_intake.canvas_embed import CanvasRefused, canvas_headers
 from conveyor.message import Message
 from conveyor.tasks import Task
 from conveyor.tracing import TRACEPARENT, TRACESTATE
@@ -87,11 +91,14 @@ def convert(raw: CeleryMessage, queue: str, lookup: Callable[[str], Task[Any, An
     """
     try:
         _check_content(raw)
-        args, kwargs = _arguments(raw)
+        args, kwargs, embed = _arguments(raw)
+        canvas = canvas_headers(embed, raw.headers, follows=bool(reply_to))
         delay = _delay(raw.headers, now)
     except _Reject as exc:
         return exc.rejected
-    return Accepted(_message(raw, queue, lookup, args, kwargs, reply_to), delay)
+    except CanvasRefused as exc:
+        return Rejected(str(exc))
+    return Accepted(_message(raw, queue, lookup, args, kwargs, reply_to, canvas), delay)
 
 
 def _check_content(raw: CeleryMessage) -> None:
@@ -109,7 +116,7 @@ def _check_content(raw: CeleryMessage) -> None:
                       "set task_protocol=2, Celery's default since 4.0")
 
 
-def _arguments(raw: CeleryMessage) -> tuple[list[Any], dict[str, Any]]:
+def _arguments(raw: CeleryMessage) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     try:
         body = json.loads(raw.body.decode(raw.content_encoding or "utf-8"))
     except (UnicodeDecodeError, LookupError, json.JSONDecodeError) as exc:
@@ -117,22 +124,20 @@ def _arguments(raw: CeleryMessage) -> tuple[list[Any], dict[str, Any]]:
     if not (isinstance(body, list) and len(body) == 3 and isinstance(body[0], list)
             and isinstance(body[1], dict) and isinstance(body[2], dict | None)):
         raise _Reject("body is not [args, kwargs, embed] (Celery task protocol 2)")
-    canvas = sorted(k for k, v in (body[2] or {}).items() if v)
-    if canvas:
-        raise _Reject(f"uses Celery canvas ({', '.join(canvas)}), which the intake does not "
-                      "run: move this workflow to a Conveyor DAG")
-    return body[0], body[1]
+    return body[0], body[1], body[2] or {}
 
 
 def _delay(headers: Mapping[str, Any], now: float) -> float:
-    """Seconds until `eta` (0 if none); rejects what has expired or would before its eta."""
+    """Seconds until `eta` (0 if none). An `expires` already past is not refused here: it
+    becomes the message's own, and the worker that takes it dead-letters it `expired`, as it
+    does any message past its `expires` (one behaviour and one code path for both). So it
+    is published at once, eta or not; one that passes before its eta is dead-lettered at
+    its eta, when it is certainly past."""
     eta = _timestamp(headers, "eta")
     expires = _timestamp(headers, "expires")
-    start = max(now, eta or now)
-    if expires is not None and expires <= start:
-        when = "before it could run" if expires <= now else "before its eta"
-        raise _Reject(f"expired: expires={headers['expires']} passed {when}", "REVOKED")
-    return start - now
+    if expires is not None and expires <= now:
+        return 0.0
+    return max(now, eta or now) - now
 
 
 def _timestamp(headers: Mapping[str, Any], name: str) -> float | None:
@@ -161,20 +166,22 @@ def _limits(headers: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _message(raw: CeleryMessage, queue: str, lookup: Callable[[str], Task[Any, Any] | None],
-             args: list[Any], kwargs: dict[str, Any], reply_to: str) -> Message:
-    headers = {ID: raw.task_id, "celery_queue": raw.queue}
+             args: list[Any], kwargs: dict[str, Any], reply_to: str,
+             canvas: dict[str, str]) -> Message:
+    headers = {ID: raw.task_id, "celery_queue": raw.queue, **canvas}
     for name in ("root_id", "parent_id"):
         if raw.headers.get(name):
             headers[f"celery_{name}"] = str(raw.headers[name])
     for name in (TRACEPARENT, TRACESTATE):   # a traced producer's context (W3C)
         if isinstance(raw.headers.get(name), str):
             headers[name] = raw.headers[name]
-    if raw.headers.get("ignore_result"):
+    if raw.headers.get("ignore_result") and not canvas:   # a canvas goes on from its outcome
         reply_to = ""
     retries = raw.headers.get("retries")
+    expires = _timestamp(raw.headers, "expires")   # read by `_delay` already
     fields: dict[str, Any] = {
         "queue": queue, "id": raw.task_id, "headers": headers, "reply_to": reply_to,
-        **_limits(raw.headers),
+        **_limits(raw.headers), **({"expires": expires} if expires is not None else {}),
         "attempt": retries + 1 if isinstance(retries, int) and retries >= 0 else 1}
     task = lookup(raw.task_name)
     if task is None:  # the worker dead-letters it as an unknown task, and says so

@@ -1,10 +1,11 @@
-"""Running the intake beside the supervisor: two threads, supervised, stopped in order.
+"""Running the intake beside the supervisor: three threads, supervised, stopped in order.
 
 The worker's supervisor consumes `celery.<queue>` like any other queue, so a Celery-born
 task runs in an isolated runner with the same limits, retries, dead letters and metrics.
-The intake only moves messages in (the feed) and outcomes out (the outcome loop). If either
-thread dies, it says why and stops the worker with SIGTERM (a graceful drain): a worker
-that silently stopped taking Celery's messages would be worse than one that exits.
+The intake only moves messages in (the feed), outcomes out (the outcome loop), and Celery's
+`revoke` commands to `Client.cancel` (revokes.py). If any of its threads dies, it says why
+and stops the worker with SIGTERM (a graceful drain): a worker that silently stopped taking
+Celery's messages would be worse than one that exits.
 """
 
 from __future__ import annotations
@@ -15,19 +16,23 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import kombu
 
 from conveyor import broker as brokers
+from conveyor.celery_intake.canvas import Follower, publish_step
 from conveyor.celery_intake.feed import Feed, celery_connection
 from conveyor.celery_intake.names import intake_queue, rejects_queue
 from conveyor.celery_intake.outcomes import RESULTS_QUEUE, OutcomeLoop
 from conveyor.celery_intake.redis_feed import RedisFeed
 from conveyor.celery_intake.results import RedisResults
+from conveyor.celery_intake.revokes import Revokes
 from conveyor.client import Client
+from conveyor.config import Settings
 from conveyor.errors import BrokerConnectionError, ConfigError, ConveyorError
-from conveyor.locations import redact
+from conveyor.locations import REDIS, redact, scheme
 from conveyor.message import Codec
 from conveyor.tasks import REGISTRY, Task
 
@@ -63,8 +68,11 @@ class Intake:
 
     def __init__(self, config: IntakeConfig, codec: Codec,
                  lookup: Callable[[str], Task[Any, Any] | None] = REGISTRY.get,
-                 on_failure: Callable[[], None] | None = None) -> None:
+                 on_failure: Callable[[], None] | None = None, *,
+                 settings: Settings | None = None) -> None:
+        """`settings`: where cancel records are kept (the worker's); default: CONVEYOR_*."""
         self.config = config
+        self.settings = settings
         self.codec = codec
         self.lookup = lookup
         self.failure: str = ""
@@ -73,6 +81,8 @@ class Intake:
         self._threads: list[threading.Thread] = []
         self._feed: Feed | RedisFeed | None = None
         self._outcomes: OutcomeLoop | None = None
+        self._revokes: Revokes | None = None
+        self._steps: Client | None = None   # publishes the next steps of chains and chords
 
     def run(self, main: Callable[[], int]) -> int:
         """Run `main` (the supervisor) with the intake beside it; fail if the intake did."""
@@ -88,20 +98,28 @@ class Intake:
     def start(self) -> None:
         c = self.config
         backend = RedisResults(c.result_backend) if c.result_backend else None
-        client = Client(brokers.from_url(c.broker_url or None), self.codec)
-        kind = RedisFeed if c.celery_broker_url.lower().startswith(("redis://", "rediss://")) \
-            else Feed
+        client = Client(brokers.from_url(c.broker_url or None), self.codec,
+                        settings=self.settings)
+        kind = RedisFeed if scheme(c.celery_broker_url) in REDIS else Feed
         self._feed = kind(_reachable(c.celery_broker_url), c.celery_queues, client,
                           self.lookup, RESULTS_QUEUE if backend else "", c.prefetch)
+        follower = None
+        if backend is not None:   # chains and chords go on from results: canvas.py
+            self._steps = Client(brokers.from_url(c.broker_url or None), self.codec,
+                                 settings=self.settings)
+            follower = Follower(backend, partial(publish_step, self._steps, self.lookup,
+                                                 RESULTS_QUEUE))
         self._outcomes = OutcomeLoop(brokers.from_url(c.broker_url or None),
                                      tuple(rejects_queue(q) for q in c.celery_queues),
-                                     backend, self._stop)
+                                     backend, self._stop, follower)
+        self._revokes = Revokes(celery_connection(c.celery_broker_url), client.cancel)
         log.info("Celery intake: taking %s from %s into %s; results %s",
                  ",".join(c.celery_queues), redact(c.celery_broker_url), ",".join(c.queues),
                  f"to {backend.where} via {RESULTS_QUEUE}" if backend else "not written "
                  "(no --celery-result-backend): outcomes go to Conveyor's events only")
         for name, target in (("celery-feed", self._feed.run),
-                             ("celery-outcomes", self._outcomes.run)):
+                             ("celery-outcomes", self._outcomes.run),
+                             ("celery-revokes", self._revokes.run)):
             thread = threading.Thread(target=self._guard, args=(name, target), name=name,
                                       daemon=True)
             thread.start()
@@ -126,8 +144,9 @@ class Intake:
     def stop(self) -> None:
         """Stop the feed, let the outcome loop write what is ready, close everything."""
         self._stop.set()
-        if self._feed is not None:
-            self._feed.should_stop = True
+        for consumer in (self._feed, self._revokes):
+            if consumer is not None:
+                consumer.should_stop = True
         if self._outcomes is not None:
             self._outcomes.broker.wakeup()
         for thread in self._threads:
@@ -138,9 +157,13 @@ class Intake:
         self._close()
 
     def _close(self) -> None:
+        if self._revokes is not None:
+            self._revokes.connection.release()
         if self._feed is not None:
             self._feed.client.close()
             self._feed.connection.release()
+        if self._steps is not None:
+            self._steps.close()
         if self._outcomes is not None:
             self._outcomes.broker.close()
             if self._outcomes.backend is not None:

@@ -4,8 +4,9 @@ One consumer on Conveyor's own broker reads two kinds of queues:
 
 * `conveyor.celery-results`: the outcome events the worker publishes for Celery-born
   messages (their `reply_to`, set only when a result backend is configured). Succeeded and
-  dead-lettered events become Celery result documents (`results.py`); the event is acked
-  after the document is written, so a crash writes it again rather than never.
+  dead-lettered events become Celery result documents (`results.py`); the next step of a
+  chain or a chord's callback is published (`canvas.py`); the event is acked after both,
+  so a crash does them again rather than never.
 * `celery.<queue>.rejected`: rejection records from the feed. Each is dead-lettered with the
   reason it carries (so `conveyor queues` lists it under that queue's dead letters, body
   kept), and its producer's `get()` is told FAILURE or REVOKED instead of waiting forever.
@@ -19,7 +20,8 @@ import logging
 import threading
 from collections.abc import Generator
 
-from conveyor.broker import Broker, Delivery
+from conveyor.broker import Consumer, Delivery
+from conveyor.celery_intake.canvas import Follower
 from conveyor.celery_intake.results import Outcomes, RedisResults, rejected
 from conveyor.errors import LeaseLost, MessageError
 from conveyor.events import Event
@@ -32,13 +34,16 @@ RESULTS_QUEUE = "conveyor.celery-results"
 class OutcomeLoop:
     """Consume results and rejection records until `stop` is set, then drain and return."""
 
-    def __init__(self, broker: Broker, rejects: tuple[str, ...],
-                 backend: RedisResults | None, stop: threading.Event) -> None:
+    def __init__(self, broker: Consumer, rejects: tuple[str, ...],
+                 backend: RedisResults | None, stop: threading.Event,
+                 follower: Follower | None = None) -> None:
+        """`follower`: what goes on after a task of a chain or a chord (canvas.py)."""
         self.broker = broker
         self.rejects = rejects
         self.backend = backend
         self.outcomes = Outcomes(backend) if backend is not None else None
         self.stop = stop
+        self.follower = follower
 
     @property
     def queues(self) -> list[str]:
@@ -71,7 +76,9 @@ class OutcomeLoop:
             self.broker.dead_letter(delivery, f"not an outcome event: {exc}")
             return
         if self.outcomes is not None:
-            self.outcomes.handle(event)
+            document = self.outcomes.handle(event)
+            if self.follower is not None:   # before the ack: a crash follows it again
+                self.follower.follow(event, document)
         self.broker.ack(delivery)
 
     def _reject(self, delivery: Delivery) -> None:

@@ -27,6 +27,12 @@ from typing import Any
 
 import kombu
 import redis
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    wait_fixed,
+)
 
 from conveyor.celery_intake.conversion import CeleryMessage
 from conveyor.celery_intake.feed import publication
@@ -103,18 +109,31 @@ class RedisFeed:
         self._next_restore = 0.0
 
     def run(self) -> None:
-        """Move batches until stopped; wait on Celery's first queue while all are empty."""
+        """Move batches until stopped; wait on Celery's first queue while all are empty.
+
+        While Redis is away a turn is tried again every BLOCK_SECONDS, with one line each
+        (tenacity's Retrying, until it works or the feed is told to stop)."""
+        turns = Retrying(
+            wait=wait_fixed(BLOCK_SECONDS), stop=lambda state: self.should_stop,
+            retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
+            before_sleep=self._say_retrying, retry_error_callback=lambda state: None)
         while not self.should_stop:
-            try:
-                if self.move() == 0:
-                    self._restore_if_due()
-                    self._redis.blmove(self._queue_keys[0][1], self._staging, BLOCK_SECONDS,
-                                       "RIGHT", "LEFT")
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.warning("Celery broker: %s; trying again in %d s (what this feed held "
-                            "is given back after the visibility timeout)", exc, BLOCK_SECONDS)
-                time.sleep(BLOCK_SECONDS)
+            turns(self._turn)
         self.move()
+
+    def _turn(self) -> None:
+        if self.move() == 0:
+            self._restore_if_due()
+            self._redis.blmove(self._queue_keys[0][1], self._staging, BLOCK_SECONDS,
+                               "RIGHT", "LEFT")
+
+    @staticmethod
+    def _say_retrying(state: RetryCallState) -> None:
+        """tenacity's before_sleep: one line per failed turn."""
+        assert state.outcome is not None
+        log.warning("Celery broker: %s; trying again in %d s (what this feed held is given "
+                    "back after the visibility timeout)", state.outcome.exception(),
+                    BLOCK_SECONDS)
 
     def move(self) -> int:
         """Take a batch, publish it to Conveyor, then ack it on Celery's side; how many."""

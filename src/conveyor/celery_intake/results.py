@@ -6,7 +6,8 @@ and announced with PUBLISH on a channel of the same name, which a waiting `get()
 subscribed to. A failure's `result` is the exception as Celery's JSON serializer encodes
 it (`exc_type`, `exc_message`, `exc_module`), so `get()` raises an exception of that type.
 
-`Outcomes` turns Conveyor's outcome events into those documents: `succeeded` is SUCCESS;
+`Outcomes` turns Conveyor's outcome events into those documents: `succeeded` is SUCCESS
+(and `skipped`, a task that raised `Skip`: Celery has no such state, SUCCESS with None);
 `dead_lettered` (the task will not run again) is FAILURE carrying the error of the last
 `failed` event of the same message, when this process saw it.
 """
@@ -18,24 +19,34 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import redis
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_fixed,
+)
 
 from conveyor.errors import ConfigError, ConveyorError
-from conveyor.events import Event
-from conveyor.locations import redact
+from conveyor.events import ENDED_WELL, Event
+from conveyor.locations import REDIS, redact, scheme
 
 log = logging.getLogger("conveyor.celery_intake")
 
+T = TypeVar("T")
 KEY_PREFIX = "celery-task-meta-"
 #: Celery's default `result_expires`: one day.
 DEFAULT_EXPIRES = 86400
 #: Failed events remembered while waiting for the dead-lettered event that follows.
 REMEMBERED_ERRORS = 10_000
+#: How long a result write keeps trying while Redis is away, and the pause between tries.
 RETRY_SECONDS = 30.0
+RETRY_PAUSE = 1.0
 
 
 def meta(task_id: str, status: str, result: Any, traceback: str | None = None) -> dict[str, Any]:
@@ -78,33 +89,52 @@ def rejected(task_id: str, state: str, reason: str) -> dict[str, Any]:
 class RedisResults:
     """Celery's Redis result backend, write side only."""
 
-    def __init__(self, url: str, expires: int = DEFAULT_EXPIRES) -> None:
-        if not url.lower().startswith(("redis://", "rediss://", "unix://")):
+    def __init__(self, url: str, expires: int = DEFAULT_EXPIRES,
+                 retry_seconds: float = RETRY_SECONDS,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """`retry_seconds`, `sleep`: how long `store` keeps trying, and how it pauses."""
+        if scheme(url) not in (*REDIS, "unix"):
             raise ConfigError(f"--celery-result-backend {redact(url)!r}: only a Redis result "
                               "backend (redis://host:port/db) is supported")
         self.where = redact(url)
         self.expires = expires
+        self.retry_seconds = retry_seconds
         self._client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        self._retrying = Retrying(
+            sleep=sleep, wait=wait_fixed(RETRY_PAUSE), stop=stop_after_delay(retry_seconds),
+            retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
+            before_sleep=self._say_retrying, retry_error_callback=self._give_up)
 
     def store(self, document: Mapping[str, Any]) -> None:
-        """SETEX + PUBLISH in one pipeline, retried for a while if Redis is away."""
+        """SET with EX (SETEX) + PUBLISH in one pipeline, retried for `retry_seconds` while
+        Redis is away."""
         key = KEY_PREFIX + str(document["task_id"])
         value = json.dumps(document, default=repr)
-        deadline = time.monotonic() + RETRY_SECONDS
-        while True:
-            try:
-                with self._client.pipeline() as pipe:
-                    pipe.setex(key, self.expires, value)
-                    pipe.publish(key, value)
-                    pipe.execute()
-                return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if time.monotonic() > deadline:
-                    raise ConveyorError(f"Celery result backend {self.where} unreachable for "
-                                        f"{RETRY_SECONDS:g} s ({exc}): results of tasks from "
-                                        "Celery producers cannot be written") from exc
-                log.warning("Celery result backend %s: %s; retrying", self.where, exc)
-                time.sleep(1.0)
+
+        def write() -> None:
+            with self._client.pipeline() as pipe:
+                pipe.set(key, value, ex=self.expires)  # SETEX: redis-py 8 deprecates setex()
+                pipe.publish(key, value)
+                pipe.execute()
+        self._retrying(write)
+
+    def call(self, work: Callable[[redis.Redis], T]) -> T:
+        """`work(client)` on the backend's Redis, retried as `store` is."""
+        return self._retrying(lambda: work(self._client))
+
+    def _say_retrying(self, state: RetryCallState) -> None:
+        """tenacity's before_sleep: one line per failed attempt."""
+        assert state.outcome is not None
+        log.warning("Celery result backend %s: %s; retrying", self.where,
+                    state.outcome.exception())
+
+    def _give_up(self, state: RetryCallState) -> NoReturn:
+        """tenacity's retry_error_callback, after `retry_seconds`."""
+        assert state.outcome is not None
+        exc = state.outcome.exception()
+        raise ConveyorError(f"Celery result backend {self.where} unreachable for "
+                            f"{self.retry_seconds:g} s ({exc}): results of tasks from "
+                            "Celery producers cannot be written") from exc
 
     def close(self) -> None:
         self._client.close()
@@ -117,15 +147,27 @@ class Outcomes:
         self.backend = backend
         self._errors: OrderedDict[str, Mapping[str, Any]] = OrderedDict()
 
-    def handle(self, event: Event) -> None:
+    def handle(self, event: Event) -> dict[str, Any] | None:
+        """Store the document `event` makes, if it makes one; that document."""
+        document = self.document(event)
+        if document is not None:
+            self.backend.store(document)
+        return document
+
+    def document(self, event: Event) -> dict[str, Any] | None:
         task_id = event.headers.get("celery_id") or event.message_id
         if event.kind == "failed" and event.error:
             self._errors[event.message_id] = event.error
             while len(self._errors) > REMEMBERED_ERRORS:
                 self._errors.popitem(last=False)
-        elif event.kind == "succeeded":
+        elif event.kind in ENDED_WELL:   # Celery has no skip: a None result
             self._errors.pop(event.message_id, None)
-            self.backend.store(meta(task_id, "SUCCESS", event.result))
+            return meta(task_id, "SUCCESS", event.result)
         elif event.kind == "dead_lettered":
             error = self._errors.pop(event.message_id, {})
-            self.backend.store(failure(task_id, error, event.reason))
+            return failure(task_id, error, event.reason)
+        elif event.kind == "expired":   # its `expires` passed while it waited: as Celery says
+            return rejected(task_id, "REVOKED", f"expired: {event.reason}")
+        elif event.kind == "cancelled":  # revoked (revokes.py) or cancelled: as Celery says
+            return rejected(task_id, "REVOKED", f"revoked: {event.reason}")
+        return None

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from conveyor import config, logs
+from conveyor.broker import reconnect
 from conveyor.config import Catalog, SettingsParser
-from conveyor.errors import BrokerError, ConveyorError, ResultError, StateStoreUnavailable
+from conveyor.errors import (
+    BrokerError,
+    ConveyorError,
+    Refused,
+    ResultError,
+    StateStoreUnavailable,
+)
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -53,12 +62,20 @@ def _hide_from_tasks() -> None:
 DAEMONS = ("worker", "scheduler", "autoscaler", "ui", "up")
 
 
-def _log_flags(commands: argparse._SubParsersAction) -> None:
+def _log_flags(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name in DAEMONS:
         if name in commands.choices:
-            config.env_flag(commands.choices[name], "--log-format", env="CONVEYOR_LOG_FORMAT",
-                            default="human", kind=logs.log_format,
-                            help="log lines for people (human) or one JSON object each (json)")
+            config.env_flag(commands.choices[name], env="CONVEYOR_LOG_FORMAT")
+
+
+def _warn_about_passwords(argv: list[str], args: argparse.Namespace, catalog: Catalog) -> None:
+    """A daemon given a password in a flag says so at start (README: Security model)."""
+    for key in config.passwords_in_argv(argv, args, catalog):
+        logging.getLogger("conveyor").warning(
+            "%s holds a password on the command line, where every process on this host can "
+            "read it for as long as this %s runs (/proc/<pid>/cmdline, ps; its tasks too, "
+            "even under --uid): give it in %s or as %s in the config file instead",
+            key.flags[0] if key.flags else key.env, args.command, key.env, key.name)
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
@@ -69,19 +86,40 @@ def _setup_logging(args: argparse.Namespace) -> None:
     logs.setup(getattr(args, "log_level", "INFO"), "json" if as_json else "human")
 
 
+#: What a command whose reader went away exits with: 128 + SIGPIPE, as `cat` or `grep`
+#: killed by the signal would (Python ignores SIGPIPE, so the write raises instead).
+EXIT_PIPE_CLOSED = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A reader that stops early (`conveyor status | head -1`) ends it
+    quietly, whichever command and wherever it was printing: no traceback."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()   # inside the try: a pipe closed on the last lines is caught too
+        return code
+    except BrokenPipeError:
+        # Point stdout at /dev/null so the interpreter's flush at exit has nowhere to fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE_CLOSED
+
+
+def _run(argv: Sequence[str] | None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         if argv and argv[0] in DAEMONS:
             _hide_from_tasks()
         parser, catalog = build_parser(argv[0] if argv else None)
         args = parser.parse_args(argv)
-        if not argv or argv[0] not in LEAN:   # a lean parser knows only its own keys
-            catalog.check_file()
+        lean = bool(argv) and argv[0] in LEAN   # a lean parser knows only its own keys
+        catalog.check_file(everything=(lambda: build_parser()[1]) if lean else None)
         args.parser, args.catalog = parser, catalog   # for `config show`, which re-parses
         _setup_logging(args)
+        if args.command in DAEMONS:
+            _warn_about_passwords(argv, args, catalog)
         run: Command = args.run
-        return run(args)
+        with reconnect.one_shot(args.command not in DAEMONS):  # a daemon keeps trying
+            return run(args)
     except ConveyorError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return exit_code(exc)
@@ -91,4 +129,6 @@ def exit_code(exc: ConveyorError) -> int:
     """2 when the command itself needs correcting (a value, a name, a file); 1 when it was
     right but the world failed it (a broker unreachable or lost, a task that failed), so a
     script can tell "fix the command" from "try again later"."""
+    if isinstance(exc, Refused):   # a server said no to the URL: fix the URL
+        return 2
     return 1 if isinstance(exc, BrokerError | StateStoreUnavailable | ResultError) else 2

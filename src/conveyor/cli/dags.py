@@ -11,16 +11,18 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from conveyor.cli import operations
+from conveyor.cli.connections import nothing_yet
 from conveyor.cli.output import json_argument, table
 from conveyor.cli.runs import show_run
-from conveyor.config import checked, non_negative_int, seconds, size
+from conveyor.config import checked
 from conveyor.errors import ConfigError
-from conveyor.readers.dags import dag_rows, load_errors
-from conveyor.readers.runs import DONE
+from conveyor.kinds import non_negative_int, seconds, size
+from conveyor.readers.dags import dag_row, dag_rows, load_errors
+from conveyor.readers.runs import DONE, run_doc
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.cli import common_flags, config_from, load
 from conveyor.scheduler.config import SchedulerConfig
@@ -32,15 +34,29 @@ from conveyor.state import store as stores
 SUBMIT_DAG = "_submit"
 
 
+#: A bare date (2026-11-07) as an ISO-8601 string: as the end of a range it is the whole day.
+BARE_DATE = 10
+
+
 def _date(text: str) -> float:
+    """An ISO-8601 date or time as Unix seconds; without a time zone it is UTC (as logical
+    dates are printed)."""
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 date, e.g. "
-                                         "2026-11-23T03:00:00Z") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO-8601 date, e.g. 2026-11-23 "
+                                         "or 2026-11-23T03:00:00Z") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def _last_date(text: str) -> float:
+    """The end of a range, included: a bare date means the whole day (its last instant),
+    so `--to 2026-11-07` takes the 7th's 03:00 tick."""
+    start = _date(text)
+    return start + 86400 - 1e-6 if len(text) == BARE_DATE else start
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dags = commands.add_parser("dags", help="list and trigger DAGs").add_subparsers(
         dest="dags_command", required=True)
     listing = dags.add_parser("list", help="DAGs in the folder, their schedule and last run")
@@ -51,15 +67,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     trig.add_argument("--conf", type=json_argument(dict), default={}, help="run conf, a JSON "
                       "object (sent to tasks in the 'conf' header)")
     trig.add_argument("--logical-date", type=_date, default=None, help="ISO date (default: now)")
+    trig.add_argument("--pin-code", action="store_true", default=None,
+                      help="pin this run to its code: its later tasks go only to workers of "
+                           "the code version its first task started on (default: the DAG's "
+                           "pin_code)")
     _wait_flags(trig)
     common_flags(trig)
     trig.set_defaults(run=run_dags_trigger)
     operations.register_dags(dags)
-    operations.register_backfill(dags, _date)
+    operations.register_backfill(dags, _date, _last_date)
     _register_submit(commands)
 
 
-def _register_submit(commands: argparse._SubParsersAction) -> None:
+def _register_submit(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("submit", help="run one task as a one-task run (with the "
                             "scheduler's retries and timeouts)")
     p.add_argument("task", help="registered task name, or with --command the task id")
@@ -83,7 +103,7 @@ def _register_submit(commands: argparse._SubParsersAction) -> None:
 
 def _wait_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait", action="store_true", help="wait for the run to end; exit 0 on "
-                   "success, 1 on failure")
+                   "success, 1 on failure (or if it was cancelled)")
     p.add_argument("--timeout", type=checked(seconds), default=0.0, help="give up waiting after S "
                    "seconds (0: never)")
 
@@ -91,11 +111,14 @@ def _wait_flags(p: argparse.ArgumentParser) -> None:
 def run_dags_list(args: argparse.Namespace) -> int:
     config = config_from(args)
     loaded = load(config)
-    store = stores.from_url(config.settings.state_url)
-    try:
-        rows = dag_rows(loaded, store)
-    finally:
-        store.close()
+    if nothing_yet(config.settings.stores().state):
+        rows = [dag_row(dag, None, None) for dag in loaded.dags.values()]  # creates no store
+    else:
+        store = stores.from_url(config.settings.state_url)
+        try:
+            rows = dag_rows(loaded, store)
+        finally:
+            store.close()
     errors = load_errors(loaded)
     if args.json:
         print(json.dumps({"dags": rows, "errors": errors}, indent=2))
@@ -117,7 +140,7 @@ def run_dags_trigger(args: argparse.Namespace) -> int:
                           f"{', '.join(loaded.dags) or 'none'})"
                           + "".join(f"\n  {p}" for p in problems))
     return _start(config, dag, args, conf=args.conf, logical_date=args.logical_date,
-                  run_type="manual")
+                  run_type="manual", pin_code=args.pin_code)
 
 
 def run_submit(args: argparse.Namespace) -> int:
@@ -163,7 +186,7 @@ def _wait(store: stores.Store, run_id: str, timeout: float) -> dict[str, Any]:
     """Wait for the run to end (a client-side wait: it reads the store every 100 ms)."""
     deadline = time.monotonic() + timeout if timeout else float("inf")
     while True:
-        run = store.one("run", run_id=run_id)
+        run = run_doc(store, run_id)
         if run is not None and run["state"] in DONE:
             return run
         if time.monotonic() > deadline:

@@ -6,12 +6,13 @@ import argparse
 import time
 
 from conveyor import broker as brokers
-from conveyor.config import checked, positive_int, url
-from conveyor.locations import redact
+from conveyor.config import checked
+from conveyor.kinds import positive_int, url
+from conveyor.locations import embedded_broker_url, redact
 from conveyor.message import Codec, Message
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser("demo", help=run_demo.__doc__)
     demo.add_argument("--broker", default=None, type=checked(url),
                       help="broker URL (default: embedded SQLite)")
@@ -23,7 +24,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Enqueue a few messages on the embedded default broker and consume them back."""
     broker = brokers.from_url(args.broker)
     codec = Codec()
-    print(f"broker: {redact(args.broker or brokers.default_url())}")
+    print(f"broker: {redact(args.broker or embedded_broker_url())}")
     for i in range(args.count):
         broker.publish("demo", codec.encode(Message(queue="demo", task="demo.echo", args=(i,))))
     print(f"published {args.count} messages to queue 'demo': {broker.depth('demo')}")

@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from typing import Any
 
 from conveyor import limits
-from conveyor.cli.connections import connection_flags, settings
+from conveyor.cli.connections import connection_flags, nothing_yet, settings
 from conveyor.cli.output import output
-from conveyor.config import checked, env_flag, positive_int, url
-from conveyor.errors import ConfigError
+from conveyor.config import checked, env_flag
+from conveyor.kinds import positive_int
 from conveyor.limits import Limiter, Override
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = commands.add_parser("limits", help="list, set or clear flow-control limits",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,25 +59,28 @@ def _rate(text: str) -> float:
 
 def _flags(p: argparse.ArgumentParser) -> None:
     connection_flags(p)
-    env_flag(p, "--limits-url", env="CONVEYOR_LIMITS_URL", default="", kind=url,
-             help="where limits are kept (default: the broker unless it is RabbitMQ or "
-             "kombu, then the state store)")
+    env_flag(p, env="CONVEYOR_LIMITS_URL")
+
+
+def _url(args: argparse.Namespace) -> str:
+    return replace(settings(args), limits_url=args.limits_url).stores().limits
 
 
 def _open(args: argparse.Namespace) -> Limiter:
-    s = settings(args)
-    return limits.from_url(limits.url_for(s.broker_url, s.state_url, args.limits_url))
+    return limits.from_url(_url(args))
 
 
 def run_list(args: argparse.Namespace) -> int:
-    limiter = _open(args)
-    try:
-        usage = limiter.usage(time.time())
-    finally:
-        limiter.close()
+    if nothing_yet(_url(args)):   # reading creates no store: no keys there yet
+        usage = []
+    else:
+        limiter = _open(args)
+        try:
+            usage = limiter.usage(time.time())
+        finally:
+            limiter.close()
     rows: list[dict[str, Any]] = [{
-        "key": u.key, "limit": _limit_text(u.max, u.per_second, u.burst)
-        + (" (set)" if u.overridden else ""),
+        "key": u.key, "limit": u.limit + (" (set)" if u.overridden else ""),
         "in use": u.in_use, "waiting": u.waiting, "denied": u.denied} for u in usage]
     doc = [{"key": u.key, "max": u.max, "per_second": u.per_second, "burst": u.burst,
             "overridden": u.overridden, "in_use": u.in_use, "waiting": u.waiting,
@@ -89,25 +93,14 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _limit_text(mx: int | None, per_second: float | None, burst: int | None) -> str:
-    parts = []
-    if mx is not None:
-        parts.append(f"max {mx}")
-    if per_second is not None:
-        parts.append(f"{per_second:g}/s" + (f" burst {burst}" if burst and burst > 1 else ""))
-    return ", ".join(parts) or "-"
-
-
 def run_set(args: argparse.Namespace) -> int:
-    if args.max is None and args.per_second is None and args.burst is None:
-        raise ConfigError(f"limits set {args.key}: give --max, --per-second or --burst")
+    override = Override(args.max, args.per_second, args.burst).checked(args.key)
     limiter = _open(args)
     try:
-        limiter.set_limit(args.key, Override(args.max, args.per_second, args.burst))
+        limiter.set_limit(args.key, override)
     finally:
         limiter.close()
-    print(f"{args.key}: {_limit_text(args.max, args.per_second, args.burst)} (every worker, "
-          "from its next claim)")
+    print(f"{args.key}: {override.describe()} (every worker, from its next claim)")
     return 0
 
 

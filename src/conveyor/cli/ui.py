@@ -1,8 +1,9 @@
 """`conveyor ui`: the web dashboard, served from the state store and the broker.
 
-Runs, DAGs and dead letters in a browser, updating live, over the same JSON API scripts can
-use (`/api` lists it). It binds 127.0.0.1 unless given --host. Reading needs nothing;
-actions (requeue, purge, trigger, pause) need the token the operator sets in `ui_token`
+Runs, DAGs, dead letters, queues, limits and workers in a browser, updating live, over the
+same JSON API scripts can use (`/api` lists it). It binds 127.0.0.1 unless given --host.
+Reading needs nothing; actions (retry, clear or mark a task, requeue, purge, trigger, pause,
+set a limit) need the token the operator sets in `ui_token`
 (CONVEYOR_UI_TOKEN, or the config file: never a flag, which `ps` would show). Without one the
 dashboard is read-only and says why.
 """
@@ -10,56 +11,41 @@ dashboard is read-only and says why.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
+import threading
 from types import FrameType
 
-from conveyor.config import env_flag, log_level, lookup, port, url
-from conveyor.errors import ConfigError
+from conveyor.config import env_flag, read
+from conveyor.errors import ConveyorError
+from conveyor.locations import listening
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.ui.app import Dashboard, UiConfig
 from conveyor.ui.server import Server, serve
 
+log = logging.getLogger("conveyor.ui")
 TOKEN_ENV = "CONVEYOR_UI_TOKEN"
-#: The dashboard's default port (Airflow's 8080 and Flower's 5555 are often taken).
-PORT = 8700
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("ui", help="the web dashboard: runs, DAGs, dead letters",
                             description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
-             help="broker URL (default: the embedded SQLite file)")
-    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
-             help="state store URL, sqlite:///… or postgresql://… (default: embedded SQLite)")
-    env_flag(p, "--dags-folder", env="CONVEYOR_DAGS_FOLDER", default="dags",
-             help="folder of DAG files (for the DAGs page, trigger and pause)")
-    env_flag(p, "--executors", env="CONVEYOR_EXECUTORS", default="queue",
-             help="comma-separated executors the DAGs may name")
-    env_flag(p, "--host", env="CONVEYOR_UI_HOST", default="127.0.0.1",
-             help="address to listen on (0.0.0.0: every interface; put TLS in front)")
-    env_flag(p, "--port", env="CONVEYOR_UI_PORT", default=PORT, kind=port,
-             help="port to listen on (0: any free one, printed)")
-    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
-             help="log level (DEBUG logs every request)")
+    env_flag(p, env="CONVEYOR_BROKER_URL")
+    env_flag(p, env="CONVEYOR_STATE_URL")
+    env_flag(p, env="CONVEYOR_DAGS_FOLDER")
+    env_flag(p, env="CONVEYOR_EXECUTORS")
+    env_flag(p, env="CONVEYOR_UI_HOST")
+    env_flag(p, env="CONVEYOR_UI_PORT")
+    env_flag(p, env="CONVEYOR_LOG_LEVEL")
     p.add_argument("-Q", "--queue", action="append", default=[],
                    help="also show this queue's dead letters (repeatable)")
-    token_setting(p)
     p.set_defaults(run=run_ui)
 
 
-def token_setting(p: argparse.ArgumentParser) -> None:
-    """Record `ui_token` in the settings catalogue (env or file only: no flag)."""
-    catalog = getattr(p, "catalog", None)
-    if catalog is not None:
-        catalog.declare(TOKEN_ENV, default="", command=p.prog.removeprefix("conveyor ").strip(),
-                        help="token that dashboard actions (requeue, purge, trigger, pause) "
-                             "need; unset: the dashboard is read-only")
-
-
 def token() -> str:
-    return (lookup(TOKEN_ENV)[0] or "").strip()
+    return str(read(TOKEN_ENV) or "").strip()
 
 
 def dashboard(broker: str, state: str, dags_folder: str, executors: str,
@@ -71,17 +57,30 @@ def dashboard(broker: str, state: str, dags_folder: str, executors: str,
 
 def bind(ui: Dashboard, host: str, port_number: int, flag: str) -> Server:
     """The server, bound; a taken port or a wrong address is one line, exit 2."""
-    try:
+    with listening("the dashboard", host, port_number, flag):
         return serve(ui, host, port_number)
-    except OSError as exc:
-        raise ConfigError(f"cannot serve the dashboard on {host}:{port_number} "
-                          f"({exc.strerror}): pass {flag} with a free port") from None
+
+
+def reach(ui: Dashboard) -> None:
+    """Open the state store and the broker once, in the background, as the dashboard starts:
+    one that cannot reach them says so in its log within seconds (the broker's first contact,
+    see `broker/reconnect.py`), not only on the pages that need them; each page keeps trying
+    on its own."""
+    def attempt() -> None:
+        try:
+            with ui.store(), ui.broker():
+                pass
+        except ConveyorError as exc:
+            log.error("the dashboard cannot reach what it shows: %s; its pages say so until "
+                      "it can", exc)
+    threading.Thread(target=attempt, name="ui-reach", daemon=True).start()
 
 
 def run_ui(args: argparse.Namespace) -> int:
     ui = dashboard(args.broker, args.state, args.dags_folder, args.executors,
                    tuple(args.queue))
     server = bind(ui, args.host, args.port, "--port")
+    reach(ui)
     mode = "actions need the token" if ui.config.token else \
         f"read-only (set {TOKEN_ENV} to allow actions)"
     print(f"conveyor ui: serving {server.address} ({mode}); Ctrl-C stops", flush=True)

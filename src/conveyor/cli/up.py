@@ -22,35 +22,39 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from conveyor import broker as brokers
 from conveyor.autoscaler import daemon as autoscalers
 from conveyor.autoscaler.config import AutoscalerConfig, TargetConfig
 from conveyor.autoscaler.policy import Rule
 from conveyor.autoscaler.targets.local import LocalWorkers
 from conveyor.cli import ui
-from conveyor.config import Settings, env_flag, log_level, port, positive_int, seconds, url
-from conveyor.errors import ConfigError
+from conveyor.config import Settings, env_flag
+from conveyor.errors import ConfigError, ConveyorError
+from conveyor.locations import UP_DAGS_FOLDER, data_dir, redact
+from conveyor.readers.runs import DONE, recent_runs, run_on, run_tasks
+from conveyor.readers.workers import worker_rows
 from conveyor.scheduler import examples
-from conveyor.scheduler.config import RELOAD_INTERVAL
-from conveyor.scheduler.daemon import task_modules
+from conveyor.scheduler.daemon import importable, task_modules
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.folder import DagFolder
 from conveyor.scheduler.runs import create_run
 from conveyor.state import store as stores
+from conveyor.tasks import REGISTRY
 from conveyor.ui.server import Server as UiServer
 from conveyor.worker.isolation import die_with_parent
-from conveyor.worker.registry import workers
 
 log = logging.getLogger("conveyor.up")
 EXAMPLES = Path(examples.__file__).parent / "dags"
@@ -58,37 +62,22 @@ EXAMPLES = Path(examples.__file__).parent / "dags"
 PRINT_EVERY = 0.5
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("up", help="scheduler, autoscaler and workers in one command, "
                             "on the embedded SQLite files", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    env_flag(p, "-b", "--broker", env="CONVEYOR_BROKER_URL", default="", kind=url,
-             help="broker URL (default: the embedded SQLite file)")
-    env_flag(p, "--state", env="CONVEYOR_STATE_URL", default="", kind=url,
-             help="state store URL (default: the embedded SQLite file)")
-    env_flag(p, "--dags-folder", env="CONVEYOR_DAGS_FOLDER", default="",
-             help="folder of DAG files (default: the bundled examples, revenue among them)")
-    env_flag(p, "--dags-reload-interval", env="CONVEYOR_DAGS_RELOAD_INTERVAL",
-             default=RELOAD_INTERVAL, kind=seconds,
-             help="seconds between looks at the DAGs folder for changed files (0: never)")
-    env_flag(p, "-Q", "--queues", env="CONVEYOR_QUEUES", default="default",
-             help="comma-separated queues the workers serve")
-    env_flag(p, "--max-workers", env="CONVEYOR_UP_MAX_WORKERS", default=2, kind=positive_int,
-             help="most worker processes the autoscaler starts")
-    env_flag(p, "-c", "--concurrency", env="CONVEYOR_CONCURRENCY", default=os.cpu_count() or 2,
-             kind=positive_int,
-             help="runner slots per worker")
-    env_flag(p, "--drain-timeout", env="CONVEYOR_DRAIN_TIMEOUT", default=10.0, kind=seconds,
-             help="seconds running tasks get to finish after Ctrl-C")
-    env_flag(p, "--metrics-port", env="CONVEYOR_AUTOSCALER_METRICS_PORT", default=9400,
-             kind=port, help="the autoscaler's /metrics and queue-depth API (0: off)")
-    env_flag(p, "--log-level", env="CONVEYOR_LOG_LEVEL", default="INFO", kind=log_level,
-             help="log level")
-    env_flag(p, "--ui-port", env="CONVEYOR_UI_PORT", default=ui.PORT, kind=port,
-             help="the dashboard's port (0: no dashboard)")
-    env_flag(p, "--ui-host", env="CONVEYOR_UI_HOST", default="127.0.0.1",
-             help="the dashboard's address")
-    ui.token_setting(p)
+    env_flag(p, env="CONVEYOR_BROKER_URL")
+    env_flag(p, env="CONVEYOR_STATE_URL")
+    env_flag(p, env="CONVEYOR_DAGS_FOLDER")
+    env_flag(p, env="CONVEYOR_DAGS_RELOAD_INTERVAL")
+    env_flag(p, env="CONVEYOR_QUEUES")
+    env_flag(p, env="CONVEYOR_UP_MAX_WORKERS")
+    env_flag(p, env="CONVEYOR_CONCURRENCY")
+    env_flag(p, env="CONVEYOR_DRAIN_TIMEOUT")
+    env_flag(p, env="CONVEYOR_AUTOSCALER_METRICS_PORT")
+    env_flag(p, env="CONVEYOR_LOG_LEVEL")
+    env_flag(p, env="CONVEYOR_UI_PORT")
+    env_flag(p, env="CONVEYOR_UI_HOST")
     p.set_defaults(run=run_up)
 
 
@@ -102,21 +91,34 @@ class Plan:
     examples: bool
     queues: tuple[str, ...]
     env: dict[str, str]
+    #: the URLs a new shell's commands would not find (given as flags, or in this shell's
+    #: environment; they read only their environment and the config file): variable -> URL
+    exports: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Plan:
         settings = Settings.from_env(broker_url=args.broker or None,
                                      state_url=args.state or None)
-        data = brokers.data_dir()
+        data = data_dir()
         data.mkdir(parents=True, exist_ok=True)
         # the example DAG file reads its ledger when loaded, here and in the scheduler
         os.environ.setdefault("CONVEYOR_REVENUE_LEDGER", str(data / "revenue-ledger.txt"))
-        return cls(broker_url=settings.broker_url or brokers.default_url(),
-                   state_url=settings.state_url or stores.default_url(),
-                   dags_folder=Path(args.dags_folder or EXAMPLES),
+        folder = Path(args.dags_folder or EXAMPLES).resolve()
+        # commands typed in another terminal with this data directory find these DAGs
+        (data / UP_DAGS_FOLDER).write_text(f"{folder}\n")
+        broker_url, state_url = settings.stores().broker, settings.stores().state
+        fresh = Settings.from_env({}).stores()   # what a new shell's commands find
+        exports = (("CONVEYOR_BROKER_URL", broker_url, fresh.broker),
+                   ("CONVEYOR_STATE_URL", state_url, fresh.state))
+        # The children (scheduler, workers) find both URLs in their environment, never in
+        # their argv, which every process of the host can read (a URL may hold a password).
+        os.environ.update(CONVEYOR_BROKER_URL=broker_url, CONVEYOR_STATE_URL=state_url)
+        return cls(broker_url=broker_url, state_url=state_url,
+                   dags_folder=folder,
                    examples=not args.dags_folder,
                    queues=tuple(q.strip() for q in args.queues.split(",") if q.strip()),
-                   env=dict(os.environ))
+                   env=dict(os.environ),
+                   exports={name: url for name, url, there in exports if url != there})
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -129,12 +131,10 @@ def run_up(args: argparse.Namespace) -> int:
     scheduler = _start_scheduler(plan, args.log_level, args.log_format)
     try:
         daemon, server = autoscalers.build(_autoscaler_config(plan, args, loaded.dags))
-    except OSError as exc:   # the metrics port is taken
+    except ConveyorError:   # the metrics port is taken, the broker unreachable
         scheduler.terminate()
         scheduler.wait()
-        raise ConfigError(f"cannot serve the autoscaler's metrics on port "
-                          f"{args.metrics_port} ({exc.strerror}): pass --metrics-port with a "
-                          "free port, or 0 for none") from None
+        raise
     try:
         dashboard = _start_dashboard(plan, args)
     except ConfigError:
@@ -161,7 +161,8 @@ def run_up(args: argparse.Namespace) -> int:
             server.close()
         if dashboard is not None:
             dashboard.stop()
-        stopper.stop_scheduler()
+        if not stopper.signals:   # a Ctrl-C sent it SIGTERM already: a second one, while it
+            stopper.stop_scheduler()   # closes, killed it mid-close ("scheduler exit -15")
         printer.stop()
     code = scheduler.wait()
     # SIGTERM before its handlers were installed (a Ctrl-C right at start) is a clean stop too
@@ -176,9 +177,9 @@ def _start_scheduler(plan: Plan, level: str, fmt: str) -> subprocess.Popen[bytes
     """The scheduler as a child in its own session: Ctrl-C reaches `up` only, which stops
     it in order; it gets SIGTERM if `up` dies."""
     argv = [sys.executable, "-m", "conveyor.cli", "scheduler", "--executors=queue",
-            f"--dags-folder={plan.dags_folder}", f"--broker={plan.broker_url}",
+            f"--dags-folder={plan.dags_folder}",
             "--dags-reload-interval=0",                # reloads when `up` says (SIGHUP)
-            f"--state={plan.state_url}", f"--log-level={level}", f"--log-format={fmt}"]
+            f"--log-level={level}", f"--log-format={fmt}"]   # URLs: in plan.env
     return subprocess.Popen(argv, env=plan.env, stdin=subprocess.DEVNULL,
                             start_new_session=True,
                             preexec_fn=_scheduler_child)
@@ -218,7 +219,8 @@ def _autoscaler_config(plan: Plan, args: argparse.Namespace,
 
 def _worker_args(plan: Plan, args: argparse.Namespace, apps: list[str]) -> list[str]:
     """The flags of `up`'s workers, importing `apps` (the DAGs' task modules)."""
-    worker_args = [f"--state={plan.state_url}", "--heartbeat-interval=2",
+    worker_args = [f"--dags-folder={plan.dags_folder}",   # URLs: in the environment (Plan)
+                   "--heartbeat-interval=2",
                    f"--log-level={args.log_level}", f"--log-format={args.log_format}"]
     return worker_args + ([f"--app={','.join(apps)}"] if apps else [])
 
@@ -236,6 +238,7 @@ class Reloader:
         self.scheduler = scheduler
         self.worker_args = worker_args
         self.apps = task_modules(folder.dags, "queue", "queue")
+        self.file_tasks = _file_tasks(folder.dags)
         self._next = 0.0
 
     def tick(self, now: float) -> None:
@@ -245,16 +248,31 @@ class Reloader:
         if not self.folder.refresh():
             return
         apps = task_modules(self.folder.dags, "queue", "queue")
-        if apps != self.apps:
-            log.info("conveyor up: the DAGs' task modules are now %s: workers drain and new "
-                     "ones import them", ",".join(apps) or "none")
-            self.apps = apps
+        file_tasks = _file_tasks(self.folder.dags)
+        if apps != self.apps or file_tasks != self.file_tasks:
+            log.info("conveyor up: the DAGs' task modules are now %s%s: workers drain and new "
+                     "ones import them", ",".join(apps) or "none",
+                     f" (and the DAG files defining {', '.join(file_tasks)})"
+                     if file_tasks else "")
+            self.apps, self.file_tasks = apps, file_tasks
             for scaled in self.daemon.scaled:
                 if isinstance(scaled.target, LocalWorkers):
                     scaled.target.replace_args(self.worker_args(apps))
                     self.daemon.poke(scaled.config.name)
         if self.scheduler.poll() is None:
             self.scheduler.send_signal(signal.SIGHUP)
+
+
+def _file_tasks(dags: dict[str, DAG]) -> list[str]:
+    """The tasks the DAGs define in their own files (no --app module registers them: the
+    workers import the DAG files), with each one's version of its file: a changed file
+    means workers that imported the old one are replaced."""
+    versions = {node.task: dag.version for dag in dags.values()
+                for node in dag.tasks.values() if node.task}
+    covered = {name for name in versions if name in REGISTRY
+               and importable(REGISTRY[name].fn.__module__)}
+    return sorted(f"{name}@{version}" for name, version in versions.items()
+                  if name not in covered)
 
 
 def _banner(plan: Plan, dags: dict[str, DAG], port: int, scheduler_pid: int,
@@ -265,17 +283,36 @@ def _banner(plan: Plan, dags: dict[str, DAG], port: int, scheduler_pid: int,
                                      f" (read-only: set {ui.TOKEN_ENV} for actions)")
     lines = [
         "conveyor up",
-        f"  broker       {brokers.redact(plan.broker_url)}",
-        f"  state        {brokers.redact(plan.state_url)}",
+        f"  broker       {redact(plan.broker_url)}",
+        f"  state        {redact(plan.state_url)}",
         f"  DAGs         {plan.dags_folder} ({', '.join(sorted(dags)) or 'none loaded'})",
         f"  scheduler    pid {scheduler_pid}",
         f"  workers      0 to {max_workers} on demand, "
         f"queues {','.join(plan.queues)}; each logs the port of its /metrics",
         f"  autoscaler   {f'http://127.0.0.1:{port}/metrics' if port else 'metrics off'}",
         f"  dashboard    {board}",
-        "  see          conveyor status | conveyor runs list | conveyor dead-letters list",
+        f"  see          {_another_terminal(plan)}conveyor status | conveyor runs list | "
+        "conveyor dead-letters list",
         "  stop         Ctrl-C drains; a second Ctrl-C stops at once"]
     print("\n".join(lines), flush=True)
+
+
+def _another_terminal(plan: Plan) -> str:
+    """What another terminal types first: the venv's activate script so that `conveyor` is
+    this one (run.sh's venv is not on a new shell's PATH; nothing when `conveyor` on this
+    PATH is already ours), and the URLs up was given as flags, which commands there would
+    not know (passwords masked: type your own)."""
+    steps = []
+    bin_dir = Path(sys.executable).parent
+    found = shutil.which("conveyor")
+    activate = bin_dir / "activate"
+    if activate.exists() and not (
+            found and Path(found).resolve() == (bin_dir / "conveyor").resolve()):
+        steps.append(f". {activate}")
+    if plan.exports:
+        steps.append("export " + " ".join(f"{name}={shlex.quote(redact(url))}"
+                                          for name, url in plan.exports.items()))
+    return f"(another terminal: {'; '.join(steps)}) " if steps else ""
 
 
 def _create_todays_runs(plan: Plan, dags: dict[str, DAG]) -> None:
@@ -289,7 +326,7 @@ def _create_todays_runs(plan: Plan, dags: dict[str, DAG]) -> None:
             run_id = create_run(store, dag, datetime.now(UTC).timestamp(), executors=["queue"],
                                 logical_date=today, run_type="manual")
             if run_id is None:
-                row = store.one("run_by_date", dag_id=dag.dag_id, logical_date=today)
+                row = run_on(store, dag.dag_id, today)
                 print(f"run {row['run_id'] if row else '?'} of {dag.dag_id}: today's run "
                       f"exists ({row['state'] if row else '?'}), resuming it", flush=True)
             else:
@@ -382,13 +419,13 @@ class RunPrinter:
 
     def print_drain(self, store: Any) -> None:
         """While draining: how many tasks the workers still hold (from the registry)."""
-        busy = sum(w.busy for w in workers(store))
+        busy = sum(w["busy"] for w in worker_rows(store, time.time()))
         if busy != self.draining:
             self.draining = busy
             print(f"draining: {busy} task(s) still running", flush=True)
 
     def print_changes(self, store: Any) -> None:
-        for run in reversed(store.rows("recent_runs", dag_id="", state="", limit=20)):
+        for run in reversed(recent_runs(store, 20)):
             if self.seen.get(run["run_id"]) == run["state"]:
                 continue
             self.seen[run["run_id"]] = run["state"]
@@ -397,9 +434,9 @@ class RunPrinter:
 
 
 def _detail(store: Any, run: dict[str, Any]) -> str:
-    if run["state"] not in ("success", "failed"):
+    if run["state"] not in DONE:
         return ""
-    tasks = store.rows("run_tis", run_id=run["run_id"])
+    tasks = run_tasks(store, run["run_id"])
     retried = [f"{t['task_id']} took {t['attempt']} attempts" for t in tasks if t["attempt"] > 1]
     took = run["ended_at"] - run["started_at"] if run["started_at"] else 0.0
     return (f" in {took:.1f} s" + (f" ({'; '.join(retried)})" if retried else "")

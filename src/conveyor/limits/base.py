@@ -30,6 +30,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from conveyor.errors import ConfigError
 from conveyor.flow import Spec
 
 #: A rate delay shorter than this is not worth a round trip through the broker.
@@ -61,7 +62,8 @@ class Decision:
 
 @dataclass(frozen=True)
 class Usage:
-    """One key as `conveyor limits list` and /metrics show it."""
+    """One key as `conveyor limits list`, /metrics and the dashboard's Limits page show it;
+    `holders`: the message ids holding its live concurrency tokens, sorted."""
 
     key: str
     in_use: int
@@ -71,6 +73,18 @@ class Usage:
     per_second: float | None = None
     burst: int | None = None
     overridden: bool = False
+    holders: tuple[str, ...] = ()
+
+    @property
+    def limit(self) -> str:
+        """The limit in force as people read it: "max 2", "5/s burst 10", or "-"."""
+        parts = []
+        if self.max is not None:
+            parts.append(f"max {self.max}")
+        if self.per_second is not None:
+            parts.append(f"{self.per_second:g}/s"
+                         + (f" burst {self.burst}" if self.burst and self.burst > 1 else ""))
+        return ", ".join(parts) or "-"
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,26 @@ class Override:
     max: int | None = None
     per_second: float | None = None
     burst: int | None = None
+
+    def checked(self, key: str) -> Override:
+        """This override, or a ConfigError saying which value is wrong (the CLI's flags and
+        the dashboard's form both come through here)."""
+        if self.max is None and self.per_second is None and self.burst is None:
+            raise ConfigError(f"limits set {key}: give --max, --per-second or --burst")
+        if self.max is not None and self.max < 1:
+            raise ConfigError(f"limits set {key}: max must be a whole number above 0, got "
+                              f"{self.max}")
+        if self.per_second is not None and not self.per_second > 0:
+            raise ConfigError(f"limits set {key}: per_second must be a number of starts a "
+                              f"second above 0, got {self.per_second}")
+        if self.burst is not None and self.burst < 1:
+            raise ConfigError(f"limits set {key}: burst must be a whole number above 0, got "
+                              f"{self.burst}")
+        return self
+
+    def describe(self) -> str:
+        """What it sets, as people read it ("max 2", "5/s burst 10")."""
+        return Usage("", 0, 0, 0, self.max, self.per_second, self.burst).limit
 
 
 class Limiter(abc.ABC):
@@ -121,6 +155,32 @@ class Limiter(abc.ABC):
     @abc.abstractmethod
     def moved(self, ids: Sequence[str]) -> None:
         """These handed-over messages are on their queues again: forget them."""
+
+    # -- once per key (`unique_key` on enqueue) ---------------------------------------------
+
+    @abc.abstractmethod
+    def hold(self, key: str, holder: str, now: float, ttl: float) -> str:
+        """Take the unique key `key` for message `holder` until `now + ttl`, unless another
+        message holds it and its time has not run out: the holder after the call (`holder`
+        itself when it took the key). Atomic: of producers racing for one key, one wins and
+        the others all see the winner."""
+
+    @abc.abstractmethod
+    def unhold(self, key: str, holder: str) -> None:
+        """Give back `key` if `holder` still holds it (a later holder's is left alone)."""
+
+    # -- cancel records (`Client.cancel`) ---------------------------------------------------
+
+    @abc.abstractmethod
+    def cancel(self, message_id: str, now: float, ttl: float) -> bool:
+        """Record `message_id` as cancelled until `now + ttl` (an expiry backstop: records
+        do not pile up for ever); False when it was recorded already (nothing changes).
+        Records whose time ran out are deleted here."""
+
+    @abc.abstractmethod
+    def cancels(self, now: float, since: float = 0.0) -> list[str]:
+        """The ids of live cancel records made at `since` or later (a worker reads them all
+        at start, then those it may have missed; see conveyor/control)."""
 
     # -- operators ------------------------------------------------------------------------
 

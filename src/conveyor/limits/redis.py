@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 
+from conveyor import refusals
 from conveyor.errors import ConfigError
 from conveyor.flow import Spec, encode
 from conveyor.limits.base import RATE_SLACK, Decision, Limiter, Override, Parcel, Usage
@@ -43,15 +44,45 @@ def parse_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(rest))), prefix
 
 
+#: `Limiter.hold`: the holder after taking the key if it was free.
+HOLD = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return ARGV[1] end
+return redis.call('GET', KEYS[1])
+"""
+#: `Limiter.unhold`: delete the key only if this holder still has it.
+UNHOLD = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+#: `Limiter.cancel`: KEYS[1] id -> expiry, KEYS[2] id -> when recorded; lapsed ones dropped.
+CANCEL = """
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+  redis.call('ZREM', KEYS[2], unpack(gone))
+end
+if redis.call('ZADD', KEYS[1], 'NX', ARGV[3], ARGV[1]) == 1 then
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
 class RedisLimiter(Limiter):
     """Limits kept in Redis beside (or apart from) the broker's keys."""
 
     def __init__(self, url: str) -> None:
         plain, prefix = parse_url(url)
         self.prefix = f"{prefix}:{{limits}}"  # one hash slot: see the module docstring
-        self._redis: Any = redis.Redis.from_url(plain)
+        self._redis: Any = redis.Redis.from_url(plain, socket_connect_timeout=10)
+        refusals.first_redis_contact(self._redis, f"the limits store: Redis at {redact(plain)}")
         text = resources.files("conveyor.limits").joinpath("lua/limits.lua").read_text()
         self._script = self._redis.register_script(text)
+        self._hold = self._redis.register_script(HOLD)
+        self._unhold = self._redis.register_script(UNHOLD)
+        self._cancel = self._redis.register_script(CANCEL)
 
     def _call(self, op: str, now: float, lease: float, *args: Any) -> Any:
         return self._script(keys=[f"{self.prefix}:keys"],
@@ -93,6 +124,28 @@ class RedisLimiter(Limiter):
         if ids:
             self._call("moved", 0.0, 0.0, *ids)
 
+    def hold(self, key: str, holder: str, now: float, ttl: float) -> str:
+        """`SET NX PX` and, when it was held, `GET`, in one script; the time to live runs
+        on the Redis server's clock (`now` is not used)."""
+        found = self._hold(keys=[f"{self.prefix}:unique:{key}"],
+                           args=[holder, max(1, round(ttl * 1000))])
+        return bytes(found).decode()
+
+    def unhold(self, key: str, holder: str) -> None:
+        self._unhold(keys=[f"{self.prefix}:unique:{key}"], args=[holder])
+
+    def cancel(self, message_id: str, now: float, ttl: float) -> bool:
+        return bool(self._cancel(keys=[f"{self.prefix}:cancel", f"{self.prefix}:cancel_at"],
+                                 args=[message_id, repr(now), repr(now + ttl)]))
+
+    def cancels(self, now: float, since: float = 0.0) -> list[str]:
+        pipe = self._redis.pipeline()
+        pipe.zrangebyscore(f"{self.prefix}:cancel_at", since, "+inf")
+        pipe.zrangebyscore(f"{self.prefix}:cancel", f"({now!r}", "+inf")
+        recent, live = pipe.execute()
+        alive = set(live)
+        return [m.decode() for m in recent if m in alive]
+
     def set_limit(self, key: str, override: Override) -> None:
         values = {k: repr(v) for k, v in (("max", override.max),
                                           ("per_second", override.per_second),
@@ -115,7 +168,9 @@ class RedisLimiter(Limiter):
             over = {k.decode(): v.decode() for k, v in r.hgetall(f"{p}:set:{key}").items()}
             out.append(Usage(key, sum(int(w or 1) for w in weights),
                              int(r.zcard(f"{p}:park:{key}")),
-                             int(r.hget(f"{p}:denied", key) or 0), **_shown(decl, over)))
+                             int(r.hget(f"{p}:denied", key) or 0),
+                             holders=tuple(sorted(h.decode() for h in live)),
+                             **_shown(decl, over)))
         return out
 
     def close(self) -> None:

@@ -18,10 +18,10 @@ import re
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from conveyor import sqlfiles
+from conveyor import refusals, sqlfiles
 from conveyor.errors import ConfigError
 from conveyor.flow import Spec
 from conveyor.limits.base import (
@@ -39,6 +39,8 @@ Q = sqlfiles.load("conveyor.limits", "sql/limits.sql")
 _PARAM = re.compile(r":(\w+)")
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
+T = TypeVar("T")
+
 
 class Tx(Protocol):
     """One open transaction: run a named query, get its rows."""
@@ -55,7 +57,7 @@ class SqlLimiter(Limiter):
     def _transaction(self) -> contextlib.AbstractContextManager[Tx]:
         """One transaction holding the store's write lock."""
 
-    def _do(self, fn: Callable[[Tx], Any]) -> Any:
+    def _do(self, fn: Callable[[Tx], T]) -> T:
         with self._transaction() as tx:
             return fn(tx)
 
@@ -186,6 +188,7 @@ class SqlLimiter(Limiter):
                 tx.rows("purge", key=key, now=now)
                 out += self._unpark(tx, key, now, lease)
                 tx.rows("forget_idle", key=key, now=now)
+            tx.rows("forget_lapsed_unique", now=now)
             for pid, queue, body, priority, key in tx.rows("stale_moving", now=now):
                 tx.rows("mark_moving", id=pid, until=now + lease)
                 tx.rows("renew", key=key, holder=pid, expires=now + lease)
@@ -201,6 +204,19 @@ class SqlLimiter(Limiter):
             for pid in ids:
                 tx.rows("moved", id=pid)
         self._do(run)
+
+    def hold(self, key: str, holder: str, now: float, ttl: float) -> str:
+        return str(self._do(lambda tx: _hold(tx, key, holder, now, ttl)))
+
+    def unhold(self, key: str, holder: str) -> None:
+        self._do(lambda tx: tx.rows("unhold", key=key, holder=holder))
+
+    def cancel(self, message_id: str, now: float, ttl: float) -> bool:
+        return bool(self._do(lambda tx: _cancel(tx, message_id, now, ttl)))
+
+    def cancels(self, now: float, since: float = 0.0) -> list[str]:
+        return [str(r[0]) for r in self._do(lambda tx: tx.rows("cancels", now=now,
+                                                                 since=since))]
 
     # -- operators ------------------------------------------------------------------------
 
@@ -220,15 +236,33 @@ class SqlLimiter(Limiter):
             out = []
             for key, declared, mx, per_second, burst, denied in tx.rows("keys"):
                 d = json.loads(declared)
+                live = tx.rows("live_tokens", key=key, now=now)
                 out.append(Usage(
-                    key, int(tx.rows("live_used", key=key, now=now)[0][0]),
+                    key, sum(int(weight) for _, weight in live),
                     int(tx.rows("waiting", key=key)[0][0]), int(denied),
+                    holders=tuple(str(holder) for holder, _ in live),
                     max=mx if mx is not None else d.get("max"),
                     per_second=per_second if per_second is not None else d.get("ps"),
                     burst=burst if burst is not None else d.get("b"),
                     overridden=any(v is not None for v in (mx, per_second, burst))))
             return out
         return self._do(run)
+
+
+def _hold(tx: Tx, key: str, holder: str, now: float, ttl: float) -> str:
+    """`Limiter.hold` in one transaction: take the key, else read who has it. The read
+    cannot miss: the conflicting row stays locked by the insert (Postgres: ON CONFLICT DO
+    UPDATE locks it even when its WHERE declines the update) or by the write lock (SQLite)."""
+    taken = tx.rows("hold", key=key, holder=holder, expires=now + ttl, now=now)
+    if taken:
+        return str(taken[0][0])
+    return str(tx.rows("holder", key=key, now=now)[0][0])
+
+
+def _cancel(tx: Tx, message_id: str, now: float, ttl: float) -> bool:
+    """`Limiter.cancel` in one transaction: lapsed records go first (by their index)."""
+    tx.rows("forget_lapsed_cancels", now=now)
+    return bool(tx.rows("cancel", id=message_id, now=now, expires=now + ttl))
 
 
 # -- SQLite -----------------------------------------------------------------------------------
@@ -300,10 +334,20 @@ def parse_postgres_url(url: str) -> tuple[dict[str, Any], str, bool]:
     return params, schema, commit == "async"
 
 
+def _connect(params: dict[str, Any], url: str) -> Any:
+    """The limits store's session; a refusal or an outage is one line naming the URL."""
+    import psycopg
+    try:
+        return psycopg.connect(**{"connect_timeout": "10", **params}, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise refusals.failed_contact(f"the limits store: Postgres at {redact(url)}", exc,
+                                      refusals.postgres(exc)) from None
+
+
 class PostgresLimiter(SqlLimiter):
     """Limits in tables beside the broker's (or the state store's), in one schema.
 
-    `commit=async` (what `limits.url_for` asks for when the limits share the Postgres broker's
+    `commit=async` (what `locations.store_urls` asks for when the limits share the Postgres broker's
     database and its acks commit asynchronously): a park's commit does not wait for the WAL
     flush. That is safe for the same reason the broker's async ack is: the WAL is written in
     order, so the broker's ack of a parked message, committed after the park, cannot survive
@@ -313,10 +357,9 @@ class PostgresLimiter(SqlLimiter):
     dialect = "postgres"
 
     def __init__(self, url: str) -> None:
-        import psycopg
         from psycopg import sql
         params, self.schema, async_commit = parse_postgres_url(url)
-        self._conn = psycopg.connect(**params, autocommit=True)
+        self._conn = _connect(params, url)
         if async_commit:
             self._conn.execute("SET synchronous_commit = off")
         with self._conn.transaction():
@@ -363,6 +406,27 @@ class PostgresLimiter(SqlLimiter):
             "SELECT r_id, r_queue, r_body, r_priority FROM conveyor_limit_release(%s, %s::text[],"
             " %s, %s)", (holder, keys, now, lease)).fetchall()
         return [Parcel(r[0], r[1], bytes(r[2]), r[3]) for r in rows]
+
+    def hold(self, key: str, holder: str, now: float, ttl: float) -> str:
+        """Without the limiter's advisory lock: the key's row lock orders racing holds, so
+        producers do not queue behind the workers' admissions (nor each other's keys)."""
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            return _hold(_PostgresTx(cur), key, holder, now, ttl)
+
+    def unhold(self, key: str, holder: str) -> None:
+        """One conditional DELETE: atomic by itself, no advisory lock."""
+        with self._conn.cursor() as cur:
+            _PostgresTx(cur).rows("unhold", key=key, holder=holder)
+
+    def cancel(self, message_id: str, now: float, ttl: float) -> bool:
+        """Without the limiter's advisory lock, as `hold`: the id's row orders racing
+        cancels, and nothing else reads it under that lock."""
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            return _cancel(_PostgresTx(cur), message_id, now, ttl)
+
+    def cancels(self, now: float, since: float = 0.0) -> list[str]:
+        with self._conn.cursor() as cur:
+            return [str(r[0]) for r in _PostgresTx(cur).rows("cancels", now=now, since=since)]
 
     @contextmanager
     def _transaction(self) -> Iterator[Tx]:

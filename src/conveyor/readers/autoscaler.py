@@ -8,6 +8,7 @@ from typing import Any
 
 from conveyor.autoscaler.journal import KEEPALIVE
 from conveyor.scheduler.runs import iso
+from conveyor.state.monitoring import Scalers
 from conveyor.state.store import Store
 
 #: Replica changes shown unless asked for more.
@@ -23,17 +24,18 @@ def stale_after(polling_interval: float) -> float:
 def scaling(store: Store, now: float, limit: int = DECISIONS) -> dict[str, Any]:
     """Targets (`stale` when their autoscaler stopped writing) and the newest changes."""
     targets = []
-    for r in store.rows("scalers"):
-        age = now - r["evaluated_at"]
+    scalers = Scalers(store)
+    for r in scalers.all():
+        age = now - r.evaluated_at
         targets.append({
-            "target": r["target"], "kind": r["kind"], "queues": r["queues"],
-            "replicas": r["replicas"], "desired": r["desired"],
-            "min_replicas": r["min_replicas"], "max_replicas": r["max_replicas"],
-            "ready": r["ready"], "in_flight": r["in_flight"], "reason": r["reason"],
-            "error": r["error"], "polling_interval": r["polling_interval"],
-            "evaluated": iso(r["evaluated_at"]), "seconds_ago": round(age, 1),
-            "stale": age > stale_after(r["polling_interval"])})
-    decisions = [{"at": iso(r["at"]), "target": r["target"], "from": r["from_replicas"],
-                  "to": r["to_replicas"], "reason": r["reason"]}
-                 for r in store.rows("recent_scalings", limit=limit)]
+            "target": r.target, "kind": r.kind, "queues": r.queues,
+            "replicas": r.replicas, "desired": r.desired,
+            "min_replicas": r.min_replicas, "max_replicas": r.max_replicas,
+            "ready": r.ready, "in_flight": r.in_flight, "reason": r.reason,
+            "error": r.error, "polling_interval": r.polling_interval,
+            "evaluated": iso(r.evaluated_at), "seconds_ago": round(age, 1),
+            "stale": age > stale_after(r.polling_interval)})
+    decisions = [{"at": iso(r.at), "target": r.target, "from": r.from_replicas,
+                  "to": r.to_replicas, "reason": r.reason}
+                 for r in scalers.recent_scalings(limit)]
     return {"targets": targets, "decisions": decisions}

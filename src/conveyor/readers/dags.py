@@ -8,25 +8,26 @@ from typing import Any
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.folder import Loaded
 from conveyor.scheduler.runs import iso
+from conveyor.state.records import Dag, Run
+from conveyor.state.runs import Dags, Runs
 from conveyor.state.store import Store
 
 
 def dag_rows(loaded: Loaded, store: Store) -> list[dict[str, Any]]:
     """One row per DAG the folder loads, in the folder's order."""
-    known = {row["dag_id"]: row for row in store.rows("dags")}
-    last = {row["dag_id"]: row for row in store.rows("last_runs")}
+    known = {dag.dag_id: dag for dag in Dags(store).all()}
+    last = {run.dag_id: run for run in Runs(store).last_of_each_dag()}
     return [dag_row(dag, known.get(dag.dag_id), last.get(dag.dag_id))
             for dag in loaded.dags.values()]
 
 
-def dag_row(dag: DAG, known: dict[str, Any] | None, last: dict[str, Any] | None
-            ) -> dict[str, Any]:
+def dag_row(dag: DAG, known: Dag | None, last: Run | None) -> dict[str, Any]:
     return {"dag_id": dag.dag_id, "schedule": dag.schedule or "", "tasks": len(dag.tasks),
             "version": dag.version, "file": dag.file,
-            "next_run": iso(known["next_tick"]) if known and known["next_tick"] else "",
-            "last_run": last["run_id"] if last else "",
-            "last_state": last["state"] if last else "",
-            "paused": bool(known and known.get("paused"))}
+            "next_run": iso(known.next_tick) if known and known.next_tick else "",
+            "last_run": last.run_id if last else "",
+            "last_state": last.state if last else "",
+            "paused": bool(known and known.paused)}
 
 
 def load_errors(loaded: Loaded) -> list[dict[str, Any]]:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
-from conveyor.broker import Broker, DeadLetter
+from conveyor.broker import Administrator, DeadLetter
+from conveyor.errors import MessageError
+from conveyor.message import Codec
 from conveyor.scheduler.runs import iso
 
 #: Dead letters read per queue (a requeue of more goes in rounds).
@@ -17,13 +21,44 @@ TEXT_PREVIEW = 16 * 1024
 HEX_PREVIEW = 256
 
 
-def select(broker: Broker, queue: str, ids: Collection[str] = (), reason: str = "",
+def select(broker: Administrator, queue: str, ids: Collection[str] = (), reason: str = "",
            limit: int = SCAN) -> list[DeadLetter]:
     """The queue's dead letters with one of `ids` (any, when empty) whose reason contains
     `reason` (case-insensitive)."""
     wanted, text = set(ids), reason.lower()
     return [d for d in broker.dead_letters(queue, limit=limit)
             if (not wanted or d.id in wanted) and text in d.reason.lower()]
+
+
+def requeue(broker: Administrator, queue: str, dead: Sequence[DeadLetter] | None, codec: Codec,
+            *, fresh: bool = False) -> tuple[int, int]:
+    """Each one (None: all of the queue's) back on its queue; (requeued, of them unreadable).
+
+    A message with an `expires` is published again with its time to start counted from now
+    (`Message.queued_again`, as a parked or given-back message is): requeued as it was, an
+    expired one would be dead-lettered `expired` again at once, and an operator who requeues
+    it wants it to run. `fresh` also starts it again at attempt 1 (a fresh retry budget).
+    Either is a new publish, then the dead letter deleted (a crash in between leaves both:
+    at least once). The rest, and bodies `codec` cannot read (not a message, or unsigned
+    under a signing key), go back as they were, keeping their attempt count."""
+    changed, as_was, unreadable, now = [], [], 0, time.time()
+    for letter in dead if dead is not None else broker.dead_letters(queue, limit=SCAN):
+        try:
+            message = codec.decode(letter.body)
+        except MessageError:
+            as_was.append(letter.id)
+            unreadable += 1
+            continue
+        if not (fresh or message.expires):
+            as_was.append(letter.id)
+            continue
+        again = message.queued_again(now) if message.expires else message
+        again = replace(again, attempt=1) if fresh else again
+        broker.publish(queue, codec.encode(again), priority=again.priority)
+        changed.append(letter.id)
+    done = broker.purge_dead(queue, changed) if changed else 0
+    kept = broker.requeue_dead(queue, as_was) if as_was else 0
+    return done + kept, unreadable
 
 
 def summary(dead: DeadLetter) -> dict[str, Any]:

@@ -11,12 +11,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from conveyor.broker import Broker
+from conveyor.broker import Administrator
 from conveyor.readers.queues import known_queues, queue_rows
+from conveyor.scheduler.config import CONTROL_QUEUE
+from conveyor.scheduler.engine import EVENTS_QUEUE
+from conveyor.scheduler.sampler import DEFAULT_INTERVAL
+from conveyor.state.monitoring import QueueSamples, Schedulers, Workers
 from conveyor.state.store import Store
 
+#: The queues a scheduler consumes unless configured otherwise: its events and control.
+SCHEDULER_QUEUES = (EVENTS_QUEUE, CONTROL_QUEUE)
 #: The window the dashboard charts unless asked for another, in seconds.
 HOUR = 3600.0
+#: Counts are trusted only while a scheduler samples: its newest sample of the queue is no
+#: older than this many sampling intervals (and at least `FRESH_FLOOR` seconds).
+FRESH_INTERVALS, FRESH_FLOOR = 3, 60.0
 
 
 def history(store: Store, since: float) -> tuple[dict[str, list[list[float]]],
@@ -27,20 +36,19 @@ def history(store: Store, since: float) -> tuple[dict[str, list[list[float]]],
     OOM-killed, timed out; a retry that follows counts again)."""
     depth: dict[str, list[list[float]]] = {}
     minutes: dict[str, dict[float, list[float]]] = {}
-    for r in store.rows("queue_samples", since=since):
-        queue = r["queue"]
-        depth.setdefault(queue, []).append(
-            [r["at"], r["ready"], r["in_flight"], r["delayed"], r["dead"]])
-        if r["succeeded"] or r["failed"]:
-            minute = float(r["at"] - r["at"] % 60)
-            row = minutes.setdefault(queue, {}).setdefault(minute, [minute, 0, 0])
-            row[1] += r["succeeded"] or 0
-            row[2] += r["failed"] or 0
+    for r in QueueSamples(store).since(since):
+        depth.setdefault(r.queue, []).append([r.at, r.ready, r.in_flight, r.delayed, r.dead])
+        if r.succeeded or r.failed:
+            minute = float(r.at - r.at % 60)
+            row = minutes.setdefault(r.queue, {}).setdefault(minute, [minute, 0, 0])
+            row[1] += r.succeeded or 0
+            row[2] += r.failed or 0
     return depth, {q: list(by_minute.values()) for q, by_minute in minutes.items()}
 
 
-def queue_overview(store: Store, broker: Broker, extra: Sequence[str], now: float,
-                   window: float = HOUR) -> dict[str, Any]:
+def queue_overview(store: Store, broker: Administrator, extra: Sequence[str], now: float,
+                   window: float = HOUR, scheduler_queues: Sequence[str] = SCHEDULER_QUEUES
+                   ) -> dict[str, Any]:
     """Each queue's depth now (read from the broker) with its finished tasks and failure
     rate over `window`, and the history behind the charts: one JSON-ready document."""
     since = now - window
@@ -48,7 +56,16 @@ def queue_overview(store: Store, broker: Broker, extra: Sequence[str], now: floa
     names = known_queues(store, extra)
     names += [q for q in depth if q not in names]   # sampled, no longer in use
     rows = queue_rows(broker, list(dict.fromkeys(names)))
+    fresh = now - max(FRESH_FLOOR, FRESH_INTERVALS * interval_of(depth))
+    listening = consumers(store, now, scheduler_queues)
     for row in rows:
+        samples = depth.get(row["queue"], [])
+        row.update(consumers=listening.get(row["queue"], []),
+                   sampled=bool(samples) and samples[-1][0] >= fresh,
+                   last_sampled=samples[-1][0] if samples else None)
+        if not row["sampled"]:   # unknown is not zero: say so instead of a wrong 0 %
+            row.update(succeeded=None, failed=None, per_minute=None, failure_rate=None)
+            continue
         succeeded = sum(int(m[1]) for m in minutes.get(row["queue"], []))
         failed = sum(int(m[2]) for m in minutes.get(row["queue"], []))
         finished = succeeded + failed
@@ -57,3 +74,37 @@ def queue_overview(store: Store, broker: Broker, extra: Sequence[str], now: floa
                    failure_rate=round(failed / finished, 3) if finished else None)
     return {"since": since, "until": now, "window": window, "queues": rows,
             "depth": depth, "finished": minutes}
+
+
+def interval_of(depth: dict[str, list[list[float]]]) -> float:
+    """The sampling interval, from the spacing of the samples (the default if too few)."""
+    stamps = sorted({s[0] for samples in depth.values() for s in samples})
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b > a]
+    return min(gaps) if gaps else DEFAULT_INTERVAL
+
+
+def consumers(store: Store, now: float, scheduler_queues: Sequence[str] = SCHEDULER_QUEUES
+              ) -> dict[str, list[dict[str, Any]]]:
+    """Per queue, what consumes it now: the live registered workers (stale ones left out: a
+    worker that stopped beating consumes nothing) and, on `scheduler_queues` (its events and
+    control queues), the schedulers whose lease holds."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for w in Workers(store).all():
+        if w.stale(now):
+            continue
+        for queue in filter(None, w.queues.split(",")):
+            found.setdefault(queue, []).append(
+                {"kind": "worker", "worker": w.worker_id, "host": w.hostname, "pid": w.pid,
+                 "concurrency": w.concurrency, "busy": w.busy})
+    for s in live_schedulers(store, now):
+        for queue in scheduler_queues:
+            found.setdefault(queue, []).append(
+                {"kind": "scheduler", "scheduler": s["scheduler_id"], "host": s["hostname"],
+                 "pid": s["pid"]})
+    return found
+
+
+def live_schedulers(store: Store, now: float) -> list[dict[str, Any]]:
+    """The schedulers whose lease holds (each renews it while it runs: see
+    conveyor.scheduler.lease)."""
+    return [s.doc() for s in Schedulers(store).all() if s.lease_until >= now]

@@ -7,12 +7,12 @@ may already have read. Messages that do not ask (raw `Client.enqueue` of a plain
 shell commands without `--wait`, DAG tasks, whose run keeps their values) cost nothing.
 
 One interface (`ResultStore`) over Redis keys with a TTL, and a table in the state store
-(SQLite or Postgres); `from_url` picks by URL, `url_for` picks the default per broker.
+(SQLite or Postgres); `from_url` picks by URL (`Settings.stores()` has the default per broker).
 """
 
 from conveyor.results.base import RESULT_HEADER, ResultRecord, ResultStore, encode_value
 from conveyor.results.handle import ResultHandle
-from conveyor.results.stores import from_url, url_for
+from conveyor.results.stores import from_url
 
 __all__ = ["RESULT_HEADER", "ResultHandle", "ResultRecord", "ResultStore", "encode_value",
-           "from_url", "url_for"]
+           "from_url"]

@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from conveyor.errors import DeadLettered, MessageError, ResultError, TaskFailed
+from conveyor.errors import Cancelled, DeadLettered, MessageError, ResultError, TaskFailed
+from conveyor.events import ENDED_WELL
 
 #: Message header that asks the worker to keep the result; its value is ignored.
 RESULT_HEADER = "result"
 #: Final states a record can have; anything else is "not there (yet)".
-STATUSES = ("succeeded", "failed", "dead_lettered")
+STATUSES = ("succeeded", "failed", "dead_lettered", "expired", "cancelled", "skipped")
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,19 @@ class ResultRecord:
             raise MessageError(f"malformed result record: {exc}") from None
 
     def unwrap(self, message_id: str) -> Any:
-        """The value, or the failure raised as a `TaskFailed` (`DeadLettered`) people read."""
-        if self.status == "succeeded":
+        """The value, or the failure raised as a `TaskFailed` (`DeadLettered`) people read.
+        A task that raised `Skip` returned nothing: None (as Airflow's skipped task has no
+        XCom); `status()` says "skipped"."""
+        if self.status in ENDED_WELL:
             return self.value
         e = self.error
         what = ": ".join(p for p in (e.get("type", ""), e.get("message", "")) if p)
         detail = dict(error_type=e.get("type", ""), error_message=e.get("message", ""),
                       remote_traceback=e.get("traceback", ""), reason=self.reason)
+        if self.status == "cancelled":
+            raise Cancelled(f"task {self.task} ({message_id}) was cancelled: {self.reason}")
+        if self.status == "expired":
+            raise TaskFailed(f"task {self.task} ({message_id}) expired: {self.reason}", **detail)
         if self.status == "failed":
             text = f"task {self.task} ({message_id}) failed: {what or self.reason}"
             if e.get("traceback"):

@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ResultError, ResultTimeout
 from conveyor.message import Message
 from conveyor.results.base import RESULT_HEADER, ResultRecord, ResultStore
+
+if TYPE_CHECKING:
+    from conveyor.control import CancelResult
 
 #: The longest single wait on the store when the caller waits forever.
 WAIT_SLICE = 60.0
@@ -23,9 +26,17 @@ WAIT_SLICE = 60.0
 class ResultHandle:
     """A published message and its future result; see `result` and `status`."""
 
-    def __init__(self, message: Message, store: Callable[[], ResultStore]) -> None:
+    def __init__(self, message: Message, store: Callable[[], ResultStore],
+                 canceller: Callable[[str], CancelResult] | None = None, *,
+                 duplicate: bool = False) -> None:
+        """`canceller`: the client's `cancel` (a handle made without one cannot cancel)."""
         self.message = message
         self._store = store
+        self._canceller = canceller
+        #: True when nothing was published: another message held the enqueue's unique key,
+        #: and this handle is that message's (`id` is its id; `message` is otherwise the one
+        #: that was not sent)
+        self.duplicate = duplicate
 
     @property
     def id(self) -> str:
@@ -48,16 +59,25 @@ class ResultHandle:
         """Whether the message asked the worker to store its result."""
         return RESULT_HEADER in self.message.headers
 
+    def cancel(self) -> CancelResult:
+        """Cancel this message (`Client.cancel`): it never starts, or its worker stops it."""
+        if self._canceller is None:
+            raise ResultError(f"this handle of {self.label} ({self.id}) has no client to "
+                              "cancel through: use Client(...).cancel(handle.id)")
+        return self._canceller(self.id)
+
     def status(self) -> str:
-        """'succeeded', 'failed', 'dead_lettered', or 'pending' (queued or running, or its
-        result expired), without waiting."""
+        """'succeeded', 'failed', 'dead_lettered', 'expired' (not started by its deadline),
+        'cancelled', 'skipped' (it raised `Skip`: its result is None), or 'pending' (queued
+        or running, or its result's time to live ran out), without waiting."""
         record = self._store().get(self.id) if self.keeps_result else None
         return "pending" if record is None else record.status
 
     def result(self, timeout: float | None = 10.0) -> Any:
         """The task's return value, waiting up to `timeout` seconds (None: forever).
 
-        Raises `TaskFailed` with the remote error when the task failed for good,
+        None for a task that raised `Skip` (`status()` says "skipped"). Raises `TaskFailed`
+        with the remote error when the task failed for good (or expired before it started),
         `DeadLettered` when the message was quarantined, `ResultTimeout` when it is still
         queued or running at the timeout.
         """

@@ -12,11 +12,17 @@ import math
 import time
 
 import redis
+from redis.exceptions import InvalidResponse
 
+from conveyor import refusals
 from conveyor.broker.redis import parse_url
-from conveyor.errors import BrokerConnectionError
+from conveyor.errors import BrokerError
 from conveyor.locations import redact
 from conveyor.results.base import ResultRecord, ResultStore
+
+#: What a call may meet that is about the server, not the call: an outage, a login refused
+#: (redis-py's AuthenticationError is a ConnectionError), another kind of server answering.
+FAILED_CONTACT = (redis.ConnectionError, InvalidResponse)
 
 
 class RedisResults(ResultStore):
@@ -35,15 +41,15 @@ class RedisResults(ResultStore):
                 pipe.set(key, record.encode(), nx=True, px=max(1, math.ceil(ttl * 1000)))
                 pipe.publish(key, b"1")
                 stored, _ = pipe.execute()
-        except redis.ConnectionError as exc:
-            raise self._unreachable(exc) from None
+        except FAILED_CONTACT as exc:
+            raise self._failed(exc) from None
         return bool(stored)
 
     def get(self, message_id: str) -> ResultRecord | None:
         try:
             body = self._client.get(self._key(message_id))
-        except redis.ConnectionError as exc:
-            raise self._unreachable(exc) from None
+        except FAILED_CONTACT as exc:
+            raise self._failed(exc) from None
         if body is None:
             return None
         return ResultRecord.decode(body if isinstance(body, bytes) else body.encode())
@@ -58,14 +64,15 @@ class RedisResults(ResultStore):
                 if pubsub.get_message(timeout=remaining) is not None:
                     found = self.get(message_id)
             return found
-        except redis.ConnectionError as exc:
-            raise self._unreachable(exc) from None
+        except FAILED_CONTACT as exc:
+            raise self._failed(exc) from None
         finally:
             pubsub.close()
 
-    def _unreachable(self, exc: Exception) -> BrokerConnectionError:
-        return BrokerConnectionError(f"cannot reach the result store {redact(self._url)}: "
-                                     f"{exc}")
+    def _failed(self, exc: Exception) -> BrokerError:
+        """Unreachable, or a refusal (a login, another kind of server): one line."""
+        return refusals.failed_contact(f"the result store: Redis at {redact(self._url)}", exc,
+                                       refusals.redis(exc))
 
     def close(self) -> None:
         self._client.close()

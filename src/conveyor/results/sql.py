@@ -17,6 +17,7 @@ from pathlib import Path
 from conveyor.broker.wake import WakeChannel
 from conveyor.results.base import ResultRecord, ResultStore
 from conveyor.state import store as stores
+from conveyor.state.monitoring import Results
 
 #: Seconds between one writer's sweeps of expired records.
 SWEEP_INTERVAL = 60.0
@@ -25,6 +26,7 @@ SWEEP_INTERVAL = 60.0
 class SQLResults(ResultStore):
     def __init__(self, url: str) -> None:
         self.store = stores.from_url(url)
+        self.results = Results(self.store)
         self._next_sweep = 0.0
         self._wake: WakeChannel | None = None
         self._channel = ""
@@ -36,18 +38,18 @@ class SQLResults(ResultStore):
 
     def put(self, message_id: str, record: ResultRecord, ttl: float) -> bool:
         now = time.time()
-        stored = bool(self.store.rows("put_result", message_id=message_id, now=now, ttl=ttl,
-                                      record=record.encode().decode(), channel=self._channel))
+        stored = self.results.put(message_id=message_id, now=now, ttl=ttl,
+                                  record=record.encode().decode(), channel=self._channel)
         if stored and self._wake is not None:
             self._wake.notify_all()
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_INTERVAL
-            self.store.exec("forget_expired_results", now=now)
+            self.results.forget_expired(now)
         return stored
 
     def get(self, message_id: str) -> ResultRecord | None:
-        row = self.store.one("get_result", message_id=message_id, now=time.time())
-        return None if row is None else ResultRecord.decode(row["record"].encode())
+        record = self.results.get(message_id, time.time())
+        return None if record is None else ResultRecord.decode(record.encode())
 
     def wait(self, message_id: str, timeout: float) -> ResultRecord | None:
         deadline = time.monotonic() + timeout

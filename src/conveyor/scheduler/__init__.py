@@ -6,7 +6,9 @@ transition is one conditional UPDATE in the state store, so a duplicate or late 
 second scheduler, or a restart after `kill -9` never makes a second transition.
 """
 
+from conveyor.scheduler.alerts import Deadline, DeadlineReference
 from conveyor.scheduler.dag import DAG, Options, TaskNode
 from conveyor.scheduler.errors import DagError, ExecutorError, RunError
 
-__all__ = ["DAG", "DagError", "ExecutorError", "Options", "RunError", "TaskNode"]
+__all__ = ["DAG", "DagError", "Deadline", "DeadlineReference", "ExecutorError", "Options",
+           "RunError", "TaskNode"]

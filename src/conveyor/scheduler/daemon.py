@@ -27,16 +27,18 @@ import time
 from collections.abc import Callable, Generator, Mapping
 
 from conveyor import broker as brokers
-from conveyor.broker import Broker, Delivery
+from conveyor.broker import Consumer, Delivery
 from conveyor.client import Client
 from conveyor.errors import LeaseLost, MessageError
 from conveyor.events import Event
+from conveyor.message import new_id
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.executors import Executor
 from conveyor.scheduler.executors.queue import QueueExecutor
 from conveyor.scheduler.folder import DagFolder
+from conveyor.scheduler.lease import SchedulerLease
 from conveyor.scheduler.sampler import Sampler
 from conveyor.state import store as stores
 from conveyor.tasks import REGISTRY
@@ -98,7 +100,7 @@ class Waker:
 class Daemon:
     """Consume events, apply them, tick on deadlines; `stop()` from any thread ends it."""
 
-    def __init__(self, engine: Engine, broker: Broker, executors: Mapping[str, Executor], *,
+    def __init__(self, engine: Engine, broker: Consumer, executors: Mapping[str, Executor], *,
                  events_queue: str, control_queue: str) -> None:
         self.engine = engine
         self.broker = broker
@@ -110,6 +112,9 @@ class Daemon:
         self._renewed = time.monotonic()
         #: Records queue depth for the dashboard, on its own thread (None: not sampling).
         self.sampler: Sampler | None = None
+        #: This scheduler's lease in the state store, on its own thread (None: none kept,
+        #: so what it claims is published by others only once its claims' deadlines pass).
+        self.lease: SchedulerLease | None = None
         #: Called with each applied event's lag (now minus its timestamp), for metrics.
         self.on_applied: Callable[[float], None] = lambda lag: None
         #: Called with the number of DAG load errors after a look that changed something.
@@ -143,6 +148,8 @@ class Daemon:
 
     def run(self, *, burst: bool = False) -> None:
         """Until `stop()`, or with `burst` until no run is queued or running."""
+        if self.lease is not None:   # held before anything is claimed under it
+            self.lease.start()
         for executor in self.executors.values():
             executor.start(self.report)
         if self.sampler is not None:
@@ -160,12 +167,13 @@ class Daemon:
             poked = delivery is not None and self._receive(self._batch(delivery, steps))
             self._renew_leases()
             ended = self.engine.runs_finished != ticked_at   # catch-up may continue
-            if poked or ended or reloaded or delivery is None or self.waker.fired():
+            ticked = poked or ended or reloaded or delivery is None or self.waker.fired()
+            if ticked:
                 ticked_at = self.engine.runs_finished
                 self._tick()
             if self._stop.is_set():
                 return
-            if burst and (delivery is None or self.engine.runs_finished != finished):
+            if burst and (ticked or self.engine.runs_finished != finished):
                 finished = self.engine.runs_finished
                 if self._idle():
                     return
@@ -297,13 +305,16 @@ class Daemon:
             log_lapsed(event)
 
     def _idle(self) -> bool:
-        found = self.engine.store.one("active_runs")
-        return self.inbox.empty() and not (found and found["n"])
+        """Nothing left for a burst: no run queued or running, no callback to publish."""
+        return (self.inbox.empty() and not self.engine.runs.active_count()
+                and self.engine.callbacks.next_due() is None)
 
     def close(self) -> None:
         self.waker.close()
         if self.sampler is not None:
             self.sampler.close()
+        if self.lease is not None:
+            self.lease.close()
         for executor in self.executors.values():
             executor.close()
         self.broker.close()
@@ -328,7 +339,8 @@ def make_executors(config: SchedulerConfig, dags: Mapping[str, DAG]) -> dict[str
         elif name == "local":
             from conveyor.scheduler.executors.local import LocalExecutor
             made[name] = LocalExecutor(slots=config.local_slots,
-                                       apps=task_modules(dags, "local", config.executors[0]))
+                                       apps=task_modules(dags, "local", config.executors[0]),
+                                       dags_folder=config.dags_folder)
         elif name == "kubernetes":
             from conveyor.scheduler.executors.kubernetes import KubernetesExecutor
             made[name] = KubernetesExecutor.from_config(config)
@@ -336,9 +348,16 @@ def make_executors(config: SchedulerConfig, dags: Mapping[str, DAG]) -> dict[str
 
 
 def task_modules(dags: Mapping[str, DAG], executor: str, default: str) -> list[str]:
-    """The importable modules registering the tasks that `dags` run on `executor`."""
-    names = {node.task for dag in dags.values() for node in dag.tasks.values()
-             if node.task and (node.options.executor or default) == executor}
+    """The importable modules registering the tasks that `dags` run on `executor`, and
+    the callbacks sent there (a task's go to its executor; a DAG's and its deadline's to
+    the default one)."""
+    names = {name for dag in dags.values() for node in dag.tasks.values()
+             if (node.options.executor or default) == executor
+             for name in (node.task, *(c["task"] for c in node.callbacks.values())) if name}
+    if executor == default:
+        names |= {c["task"] for dag in dags.values() for c in dag.callbacks.values()}
+        names |= {dag.deadline["callback"]["task"] for dag in dags.values()
+                  if dag.deadline and dag.deadline["callback"]}
     modules = {REGISTRY[name].fn.__module__ for name in names if name in REGISTRY}
     return sorted(m for m in modules if importable(m))
 
@@ -354,15 +373,19 @@ def build(config: SchedulerConfig, dags: Mapping[str, DAG]) -> Daemon:
     """A scheduler daemon for `config` running `dags`: store migrated, executors ready."""
     store = stores.from_url(config.settings.state_url)
     executors = make_executors(config, dags)
+    scheduler_id = f"scheduler-{new_id()}"
     engine = Engine(store, executors, dags=dags, events_queue=config.events_queue,
-                    publish_grace=config.publish_grace)
+                    scheduler_id=scheduler_id, lease=config.event_lease,
+                    start_grace=config.start_grace, max_map_length=config.max_map_length)
     broker = brokers.from_url(config.settings.broker_url)
     broker.lease_seconds = config.event_lease
     daemon = Daemon(engine, broker, executors, events_queue=config.events_queue,
                     control_queue=config.control_queue)
+    daemon.lease = SchedulerLease(config.settings.stores().state,
+                                  scheduler_id, config.event_lease, daemon.waker.at)
     if config.queue_sample_interval:
         daemon.sampler = Sampler(
-            config.settings.state_url or stores.default_url(),
+            config.settings.stores().state,
             lambda: brokers.from_url(config.settings.broker_url),
             config.queue_sample_interval, always=("default", config.events_queue))
     return daemon

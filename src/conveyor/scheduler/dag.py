@@ -9,6 +9,10 @@
     report = dag.command("report", ["sh", "-c", "echo done"])
     orders >> clean >> report                                   # or [a, b] >> c, a >> [b, c]
 
+A task starts when its upstreams succeeded, unless `trigger_rule=` (Airflow's rules:
+`conveyor.scheduler.rules`) says otherwise; `dag.branch(task)` adds a task whose return value
+names the downstream tasks to follow (`conveyor.scheduler.branches`).
+
 A task's options come in layers, the later winning: built-in defaults, then the registered
 task's own options (`@task(queue=..., max_retries=...)`), then the DAG's keyword defaults,
 then the keywords given to `dag.task`. Each declaration remembers its file and line, so a
@@ -25,14 +29,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from conveyor.config import parse_size
 from conveyor.errors import ConfigError, ConveyorError
 from conveyor.flow import Limit, Rate, encode, resolve
+from conveyor.kinds import parse_size
+from conveyor.scheduler.alerts import KINDS, Deadline, callback_specs
 from conveyor.scheduler.errors import DagError, Location
+from conveyor.scheduler.rules import ALL_SUCCESS
+from conveyor.scheduler.rules import problem as rule_problem
 from conveyor.tasks import REGISTRY, Task
 
 #: How a TaskFlow argument names an upstream task's return value in a spec (JSON).
 UPSTREAM_REF = "__conveyor_upstream__"
+#: The exit code that skips a command task unless told otherwise (Airflow's BashOperator).
+SKIP_EXIT_CODE = 99
 _ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$")
 _PACKAGE_DIR = str(Path(__file__).parent)
 
@@ -57,6 +66,8 @@ class Options:
     rate: tuple[Rate, ...] = ()
     pool: str = ""                        # a pool of DAG(pools={name: slots}) ...
     pool_slots: int = 1                   # ... of which this task takes this many
+    trigger_rule: str = ALL_SUCCESS       # when it may start: one of rules.TRIGGER_RULES
+    max_map_length: int = 0               # most mapped instances (0: CONVEYOR_MAX_MAP_LENGTH)
 
     @property
     def max_attempts(self) -> int:
@@ -105,6 +116,7 @@ def _check_ranges(o: Options, where: Location) -> None:
         ("time_limit", o.time_limit >= 0), ("memory_limit", o.memory_limit >= 0),
         ("queued_timeout", o.queued_timeout > 0),
         ("pool_slots", isinstance(o.pool_slots, int) and o.pool_slots >= 1),
+        ("max_map_length", isinstance(o.max_map_length, int) and o.max_map_length >= 0),
         ("heartbeat_timeout", o.heartbeat_timeout > 0),
     ) if not ok]
     if bad:
@@ -136,6 +148,47 @@ class TaskNode:
     location: Location
     #: upstream task id -> (the node if declared with `>>`, where the edge was declared)
     upstream: dict[str, tuple[TaskNode | None, Location]] = field(default_factory=dict)
+    #: a branch (`dag.branch`): what it returns names the direct downstream tasks to follow
+    branch: bool = False
+    #: keyword arguments mapped over (`expand`): name -> a list, or a task returning one
+    mapped: dict[str, Any] = field(default_factory=dict)
+    #: True: the mapped lists are zipped (`expand_zip`), else their cross product
+    zipped: bool = False
+    #: a command task: the exit codes that end it skipped (`skip_on_exit_code`)
+    skip_codes: tuple[int, ...] = ()
+
+    def expand(self, **mapped: Any) -> TaskNode:
+        """Run one instance of this task per element (Airflow's dynamic task mapping):
+        `expand(item=extract)` maps over what task `extract` returns (a list), known only
+        when it has run; `expand(item=[1, 2, 3])` over a literal list. Several keywords map
+        over their cross product; the task's own arguments are passed to every instance.
+        A task downstream of this one receives the list of the instances' results, in
+        element order."""
+        return self._map(mapped, zipped=False)
+
+    def expand_zip(self, **mapped: Any) -> TaskNode:
+        """Like `expand`, but instance i gets element i of each list (all of one length)."""
+        return self._map(mapped, zipped=True)
+
+    def _map(self, mapped: Mapping[str, Any], *, zipped: bool) -> TaskNode:
+        where = caller_location()
+        if self.command or self.mapped or not mapped:
+            why = ("a command task takes no arguments" if self.command else
+                   "it is mapped already" if self.mapped else "give keyword=list or task")
+            raise DagError(where, f"task {self.id!r} cannot be expanded: {why}")
+        for name, value in mapped.items():
+            if name in self.kwargs:
+                raise DagError(where, f"task {self.id!r} maps over {name!r}, which is also "
+                                      "one of its fixed arguments: give it in one place")
+            if not isinstance(value, (TaskNode, list, tuple)):
+                raise DagError(where, f"task {self.id!r} maps {name!r} over {value!r}: give "
+                                      "a list, or a task of this DAG that returns one")
+            if isinstance(value, TaskNode):
+                self.add_upstream(value, where)
+        self.mapped, self.zipped = dict(mapped), zipped
+        return self
+    #: on_success / on_failure / on_retry / on_cancel -> the callback's spec (alerts.py)
+    callbacks: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __rshift__(self, other: TaskNode | Sequence[TaskNode]) -> Any:
         for node in _nodes(other):
@@ -173,7 +226,18 @@ class TaskNode:
                 "time_limit": o.time_limit,
                 "memory_limit": o.memory_limit, "retry_delay": o.retry_delay,
                 "retry_max_delay": o.retry_max_delay, "retry_jitter": o.retry_jitter,
-                "executor_config": dict(o.executor_config), "limits": self.limits()}
+                "executor_config": dict(o.executor_config), "limits": self.limits(),
+                "trigger_rule": o.trigger_rule, **self._expand_spec(),
+                **({"skip_on_exit_code": list(self.skip_codes)} if self.skip_codes else {}),
+                **({"callbacks": self.callbacks} if self.callbacks else {})}
+
+    def _expand_spec(self) -> dict[str, Any]:
+        """What the scheduler expands when the task is ready (nothing if it is not mapped)."""
+        if not self.mapped:
+            return {}
+        return {"expand": {"kwargs": {k: _ref(v) if isinstance(v, TaskNode) else list(v)
+                                      for k, v in self.mapped.items()},
+                           "zip": self.zipped, "max_length": self.options.max_map_length}}
 
     def limits(self) -> str:
         """The flow-control header value of this task ("" if unlimited): keys formatted from
@@ -207,6 +271,10 @@ class _Upstream:
 
 
 def _ref(value: Any) -> Any:
+    """An argument as a spec holds it: a task (also inside a list, as the canvas passes a
+    group's results) becomes a reference to its return value."""
+    if isinstance(value, list):
+        return [_ref(each) for each in value]
     return {UPSTREAM_REF: value.id} if isinstance(value, TaskNode) else value
 
 
@@ -247,19 +315,42 @@ def _schedule_problem(expr: str, timezone: str) -> str:
     return cron.problem(expr, timezone)
 
 
+def _alerts(given: dict[str, Any], deadline: Deadline | None, where: Location, dag_id: str
+            ) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None]:
+    """A DAG's callbacks and deadline as its runs keep them; DagError at its line."""
+    try:
+        if deadline is not None and not isinstance(deadline, Deadline):
+            raise ConfigError(f"deadline must be a Deadline(reference=..., interval=..., "
+                              f"callback=...), not {deadline!r}")
+        return (callback_specs(given, f"DAG {dag_id!r}"),
+                None if deadline is None else deadline.spec())
+    except ConveyorError as exc:
+        raise DagError(where, str(exc)) from None
+
+
 class DAG:
     """A named set of tasks with dependencies, optionally run on a cron schedule."""
 
     def __init__(self, dag_id: str, *, schedule: str | None = None, timezone: str = "UTC",
                  description: str = "", start_date: datetime | str | float | None = None,
                  catchup: bool = True, max_active_runs: int = 16,
-                 pools: Mapping[str, int] | None = None, **defaults: Any) -> None:
+                 pools: Mapping[str, int] | None = None, on_success: Any = None,
+                 on_failure: Any = None, on_cancel: Any = None, on_retry: Any = None,
+                 deadline: Deadline | None = None, pin_code: bool = False,
+                 pin_timeout: float = 600.0, pin_policy: str = "wait",
+                 **defaults: Any) -> None:
         """`start_date`: the first logical date (ISO text, a datetime, or Unix seconds);
         `catchup`: create the runs of ticks missed while no scheduler ran (from the start
         date, or since the last tick), at most `max_active_runs` queued or running at once;
         with `catchup=False` only the latest missed tick gets a run. `pools`: named slot
         counts (Airflow's pools) that tasks take with `pool=NAME, pool_slots=N`; a pool is
-        the flow-control key `pool:NAME`, resized live by `conveyor limits set`."""
+        the flow-control key `pool:NAME`, resized live by `conveyor limits set`.
+        `on_success` / `on_failure` / `on_cancel`: a registered task sent when a run ends
+        so; `on_retry`: every task's, unless it gives its own (a run is never retried);
+        `deadline`: see `alerts.Deadline`. `pin_code`: a run's later tasks go only to
+        workers of the code version its first task started on while one is alive; after
+        `pin_timeout` seconds without one, `pin_policy` "wait" keeps waiting, "newest" sends
+        the task to any worker (scheduler/pinning.py)."""
         self.location = caller_location()
         if not isinstance(dag_id, str) or not _ID.match(dag_id):
             raise DagError(self.location, f"DAG id {dag_id!r} must be 1-200 letters, digits, "
@@ -277,6 +368,18 @@ class DAG:
             raise DagError(self.location, f"DAG {dag_id!r}: pools map names to a number of "
                                           f"slots of at least 1, not {self.pools!r}")
         self.dag_id = dag_id
+        if pin_policy not in ("wait", "newest") or not isinstance(pin_timeout, (int, float)) \
+                or pin_timeout < 0:
+            raise DagError(self.location, f"DAG {dag_id!r}: pin_policy must be 'wait' or "
+                                          f"'newest' (not {pin_policy!r}) and pin_timeout "
+                                          f"seconds of 0 or more (not {pin_timeout!r})")
+        self.pin_code, self.pin_timeout, self.pin_policy = bool(pin_code), pin_timeout, pin_policy
+        self.callbacks, self.deadline = _alerts(
+            {"on_success": on_success, "on_failure": on_failure, "on_cancel": on_cancel,
+             "on_retry": on_retry}, deadline, self.location, dag_id)
+        #: the tasks' default on_retry (the DAG's own callbacks are about its runs' ends)
+        self.task_callbacks = {"on_retry": self.callbacks.pop("on_retry")} \
+            if "on_retry" in self.callbacks else {}
         self.schedule = schedule
         self.timezone = timezone
         self.description = description
@@ -284,6 +387,7 @@ class DAG:
         self.defaults = dict(defaults)
         self.tasks: dict[str, TaskNode] = {}
         self.version = ""   # set by the loader: a hash of the DAG file's source
+        self.source = ""    # and that source, kept once per version (a run shows it)
         self.file = self.location.file
 
     def __repr__(self) -> str:
@@ -312,15 +416,30 @@ class DAG:
         base = checked_options(Options(), layer, where)
         return self._add(id or default_id, name, (), args, kwargs, upstream, base, options, where)
 
+    def branch(self, task: Task[Any, Any] | str, *inputs: Any, **given: Any) -> TaskNode:
+        """Add a branch task (Airflow's `@task.branch`): like `dag.task`, and what it returns
+        (a task id, a list of them, or None) names the direct downstream tasks to follow;
+        the others are skipped (see `conveyor.scheduler.branches`)."""
+        node = self.task(task, *inputs, **given)
+        node.branch = True
+        return node
+
     def command(self, id: str, command: Sequence[str], *,
-                upstream: Sequence[TaskNode | str] = (), **options: Any) -> TaskNode:
-        """Add a shell-command task: `command` is exec'd (no shell unless you call one)."""
+                upstream: Sequence[TaskNode | str] = (),
+                skip_on_exit_code: int | Sequence[int] | None = SKIP_EXIT_CODE,
+                **options: Any) -> TaskNode:
+        """Add a shell-command task: `command` is exec'd (no shell unless you call one).
+        Exiting with `skip_on_exit_code` (99 by default, as Airflow's BashOperator; a list
+        of codes, or None for none) ends it skipped instead of failed."""
         where = caller_location()
         if isinstance(command, str) or not command or not all(
                 isinstance(part, str) for part in command):
             raise DagError(where, f"task {id!r}: command must be a non-empty list of strings, "
                                   f"e.g. ['sh', '-c', 'echo hi'] (got {command!r})")
-        return self._add(id, "", tuple(command), (), None, upstream, Options(), options, where)
+        codes = _exit_codes(skip_on_exit_code, id, where)
+        node = self._add(id, "", tuple(command), (), None, upstream, Options(), options, where)
+        node.skip_codes = codes
+        return node
 
     def _add(self, task_id: str, name: str, command: tuple[str, ...], args: Sequence[Any],
              kwargs: Mapping[str, Any] | None, upstream: Sequence[TaskNode | str],
@@ -331,13 +450,22 @@ class DAG:
         if task_id in self.tasks:
             raise DagError(where, f"DAG {self.dag_id!r} already has a task {task_id!r} (declared "
                                   f"at {self.tasks[task_id].location}): give this one id=...")
+        options = dict(options)
+        try:
+            callbacks = {**self.task_callbacks, **callback_specs(
+                {k: options.pop(k, None) for k in KINDS}, f"task {task_id!r}")}
+        except ConveyorError as exc:
+            raise DagError(where, str(exc)) from None
         merged = checked_options(checked_options(base, self.defaults, self.location),
                                  options, where)
+        if why := rule_problem(merged.trigger_rule):
+            raise DagError(where, f"task {task_id!r} of DAG {self.dag_id!r}: {why}")
+        merged = replace(merged, trigger_rule=str(merged.trigger_rule))   # an enum member too
         if merged.pool and merged.pool not in self.pools:
             raise DagError(where, f"task {task_id!r}: pool {merged.pool!r} is not declared: "
                                   f"give its slots in DAG(..., pools={{{merged.pool!r}: N}})")
         node = TaskNode(self, task_id, name, command, tuple(args), dict(kwargs or {}), merged,
-                        where)
+                        where, callbacks=callbacks)
         for parent in upstream:
             node.add_upstream(parent, where)
         node.limits()  # a key that cannot be formatted fails here, at its line
@@ -405,3 +533,13 @@ class DAG:
     def edges(self) -> list[tuple[str, str]]:
         """(upstream, downstream) pairs."""
         return [(up, node.id) for node in self.tasks.values() for up in node.upstream]
+
+
+def _exit_codes(given: int | Sequence[int] | None, task_id: str,
+                where: Location) -> tuple[int, ...]:
+    """`skip_on_exit_code` as a tuple of exit codes, or a DagError saying what it takes."""
+    codes = () if given is None else (given,) if isinstance(given, int) else tuple(given)
+    if any(isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 255 for c in codes):
+        raise DagError(where, f"task {task_id!r}: skip_on_exit_code must be an exit code "
+                              f"(1-255), a list of them, or None (got {given!r})")
+    return tuple(sorted(set(codes)))

@@ -7,13 +7,18 @@ Two entry points, both safe to run in several schedulers at once and to repeat:
   run's row is locked, so readiness of children is judged on a consistent view of the run.
   A success dispatches the children it made ready at once.
 * `tick(now)`: everything time decides: cron runs, queued runs to start, retries that are
-  due, queued and heartbeat timeouts, publishes never confirmed. Returns when it must run
-  again, so the daemon sleeps until then (or until an event comes).
+  due, queued and heartbeat timeouts, attempts a dead scheduler claimed and never
+  published. Returns when it must run again, so the daemon sleeps until then (or until an
+  event comes).
 
 The engine never reads the clock and never sleeps; `daemon.py` is the loop around it.
 
-Task-instance states: pending -> queued -> running -> success | up_for_retry | failed;
-up_for_retry -> queued (attempt + 1); pending -> upstream_failed when a parent fails for good.
+Task-instance states: pending -> queued -> running -> success | up_for_retry | failed |
+cancelled; up_for_retry -> queued (attempt + 1); pending -> queued, skipped or
+upstream_failed as its trigger rule and any branch above it say, judged whenever a parent
+ends (`readiness.py`, `rules.py`). A `cancelled` attempt (its worker stopped it, or refused it
+unrun: `Client.cancel` of the attempt, conveyor/control) is terminal and never retried; its
+run ends failed, unless it was cancelled as a whole (`operations.cancel_run`): cancelled.
 """
 
 from __future__ import annotations
@@ -25,93 +30,40 @@ from typing import Any
 
 from conveyor import tracing
 from conveyor.events import Event
-from conveyor.flow import LIMITS_HEADER
-from conveyor.message import Message
-from conveyor.retry import backoff_delay
-from conveyor.scheduler import cron
-from conveyor.scheduler.dag import DAG, UPSTREAM_REF
+from conveyor.message import new_id
+from conveyor.scheduler import cron, deadlines
+from conveyor.scheduler import event_facts as facts_of
+from conveyor.scheduler.branches import choice_problem
+from conveyor.scheduler.callbacks import Sender
+from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.errors import ExecutorError
+from conveyor.scheduler.event_facts import FAILED, describe, output, what_is_known, worker_keeps
 from conveyor.scheduler.executors import Executor, Workload, event_for
+from conveyor.scheduler.mapping import MAX_MAP_LENGTH, Mapper
 from conveyor.scheduler.operations import record_dag
+from conveyor.scheduler.pinning import Pins, holding_tis
+from conveyor.scheduler.readiness import Readiness
 from conveyor.scheduler.runs import create_run
-from conveyor.state.store import Row, Store
+from conveyor.scheduler.timeouts import retry_delay, timeout_reason
+from conveyor.scheduler.workloads import workload
+from conveyor.state.records import Due, TaskInstance, Transition
+from conveyor.state.runs import Dags, Runs
+from conveyor.state.store import Store
+from conveyor.state.tasks import Attempts, TaskInstances
 
 log = logging.getLogger("conveyor.scheduler")
 
 EVENTS_QUEUE = "conveyor.scheduler.events"
-#: Kinds that end an attempt badly; the scheduler retries it while the budget lasts.
-FAILED = frozenset({"failed", "oom_killed", "timed_out", "dead_lettered"})
-#: A publish not confirmed after this long is redone (the dispatching scheduler died).
-PUBLISH_GRACE = 60.0
+#: Seconds a scheduler's lease lasts (renewed a third of it apart while it lives): the
+#: attempts a killed scheduler claimed and never published are published by another one
+#: this soon after its death. The daemon uses its event lease (CONVEYOR_SCHEDULER_EVENT_LEASE).
+LEASE = 5.0
+#: Seconds past an attempt's deadline to start (its message's `expires`) before the
+#: scheduler times it out: the clocks of worker and scheduler may disagree, and a `started`
+#: sent just before the deadline takes a moment to arrive. Within it, a worker that starts
+#: the attempt is heard of before the timeout; past it, no worker starts it.
+START_GRACE = 5.0
 BATCH = 200
-
-
-def task_ref(event: Event) -> tuple[str, int] | None:
-    """(task-instance id, attempt) of an event, from its headers or its run id."""
-    ti, attempt = event.headers.get("ti", ""), event.headers.get("attempt", "")
-    if ti and attempt.isdigit():
-        return ti, int(attempt)
-    ti, _, attempt = event.run_id.rpartition("/")
-    return (ti, int(attempt)) if ti and attempt.isdigit() else None
-
-
-def by_run(events: Sequence[Event]) -> list[list[Event]]:
-    """`events` grouped by the run they name (the worker copies the message's `run` header),
-    each group in arrival order, groups in order of their first event. An event naming no
-    run is a group of its own."""
-    groups: dict[str, list[Event]] = {}
-    for i, event in enumerate(events):
-        groups.setdefault(event.headers.get("run") or f"#{i}", []).append(event)
-    return list(groups.values())
-
-
-def describe(event: Event) -> str:
-    """What went wrong, one summary line first, then the traceback if there is one."""
-    parts = [event.kind, event.error.get("type", ""), event.error.get("message", "")]
-    summary = ": ".join(p for p in parts if p)
-    if event.reason and event.reason not in summary:
-        summary += f" ({event.reason})"
-    traceback = event.error.get("traceback", "")
-    return summary + (f"\n{traceback}" if traceback else "")
-
-
-def workload(ti: Row, events_queue: str, upstream: Mapping[str, Any] | None = None
-             ) -> Workload:
-    """The message that runs this attempt of `ti`, and its executor config; `upstream`
-    (what its parents returned) fills TaskFlow arguments and the task's context."""
-    spec = json.loads(ti["spec"])
-    ref = {"ti": ti["ti_id"], "attempt": str(ti["attempt"])}
-    if spec.get("conf"):
-        ref["conf"] = json.dumps(spec["conf"])
-    if spec.get("dag_id"):
-        ref["dag"] = spec["dag_id"]
-    if spec.get("logical_date"):
-        ref["logical_date"] = spec["logical_date"]
-    if upstream:
-        ref["upstream"] = json.dumps(upstream)
-    if spec.get("limits"):
-        ref[LIMITS_HEADER] = spec["limits"]
-    if tracing.current() is not None:   # the attempt's span, child of the run's: see tracing
-        ref[tracing.TRACEPARENT] = tracing.traceparent(
-            *tracing.task_instance_ids(ti["run_id"], ti["ti_id"], ti["attempt"]))
-    values = upstream or {}
-    message = Message(
-        queue=ti["queue"], task=spec["task"], command=tuple(spec["command"]),
-        args=tuple(resolved(a, values) for a in spec["args"]),
-        kwargs={k: resolved(v, values) for k, v in spec["kwargs"].items()},
-        priority=ti["priority"],
-        attempt=ti["attempt"], time_limit=spec["time_limit"],
-        memory_limit=spec["memory_limit"], max_retries=0, reply_to=events_queue,
-        run_id=f"{ti['ti_id']}/{ti['attempt']}", trace_id=ti["run_id"],
-        headers={**ref, "settle": "report", "run": ti["run_id"], "task_id": ti["task_id"]})
-    return Workload(message, spec.get("executor_config", {}))
-
-
-def resolved(value: Any, upstream: Mapping[str, Any]) -> Any:
-    """A spec argument with an upstream reference replaced by that task's return value."""
-    if isinstance(value, dict) and len(value) == 1 and UPSTREAM_REF in value:
-        return upstream.get(value[UPSTREAM_REF])
-    return value
 
 
 class Engine:
@@ -119,18 +71,38 @@ class Engine:
 
     def __init__(self, store: Store, executors: Mapping[str, Executor], *,
                  dags: Mapping[str, DAG] | None = None, events_queue: str = EVENTS_QUEUE,
-                 publish_grace: float = PUBLISH_GRACE) -> None:
+                 scheduler_id: str = "", lease: float = LEASE,
+                 start_grace: float = START_GRACE,
+                 max_map_length: int = MAX_MAP_LENGTH) -> None:
         self.store = store
+        self.runs, self.tis, self.attempts = Runs(store), TaskInstances(store), Attempts(store)
+        self.readiness = Readiness(self.tis)
+        #: the DAGs as the store recorded them (`dags` is what this scheduler loaded)
+        self.recorded = Dags(store)
         self.executors = dict(executors)
         self.dags = dict(dags or {})
         self.events_queue = events_queue
-        self.publish_grace = publish_grace
+        #: Who claims attempts for publishing: a live scheduler keeps its lease under this id
+        #: (scheduler/lease.py); an engine without one is never waited for.
+        self.scheduler_id = scheduler_id or f"engine-{new_id()}"
+        self.lease = lease
+        self.start_grace = start_grace
+        self.mapper = Mapper(store, lambda: self._claim, self.readiness, max_map_length)
+        self.pins = Pins(store)   # where runs pinned to their code send their tasks
+        #: Tasks made ready by a mapped task's end, dispatched with the caller's batch
+        self._later: list[TaskInstance] = []
+        #: Called with the task instances just claimed, before they are handed to their
+        #: executors: the one point where a crash leaves claims unpublished (tests use it).
+        self.before_publish: Callable[[Sequence[TaskInstance]], None] = lambda tis: None
         #: Called with each new deadline written, so the daemon can wake for it.
         self.on_deadline: Callable[[float], None] = lambda at: None
         #: Called with (the outcome's timestamp, children dispatched) after an event made
         #: tasks ready: the DAG hop, for metrics.
         self.on_dispatched: Callable[[float, int], None] = lambda at, n: None
         self.runs_finished = 0
+        #: Records callbacks with their transitions and publishes them (callbacks.py)
+        self.callbacks = Sender(store, self.executors, events_queue=events_queue,
+                                scheduler_id=self.scheduler_id, lease=lease)
         #: DAGs whose catch-up waits for one of their runs to end (not a deadline to wake for)
         self._capped: set[str] = set()
         #: Runs to try to end once their batch of events is applied (None: outside a batch)
@@ -166,24 +138,26 @@ class Engine:
         hundred events a second; why not one for all: a transaction that holds one run's
         lock at a time, as a single event's does, can never deadlock with another scheduler.
         A run applied is dispatched before the next is tried, so an error leaves no applied
-        success without its children published."""
-        for group in by_run(events):
+        success without its children published. Callbacks' own events are theirs."""
+        for group in facts_of.by_run(self.callbacks.take(events, now)):
+            self._later = []   # what a rolled-back transaction left is not ready
             with self.store.transaction():
                 made = self._apply_group(group, now)
-            self._dispatch([ti for _, ready in made for ti in ready], now)
+            self._dispatch([ti for _, ready in made for ti in ready] + self._take_later(), now)
             for event, ready in made:
                 if ready:
                     self.on_dispatched(event.at, len(ready))
+        self.callbacks.flush(now)
 
-    def _apply_group(self, group: Sequence[Event], now: float) -> list[tuple[Event, list[Row]]]:
+    def _apply_group(self, group: Sequence[Event], now: float
+                     ) -> list[tuple[Event, list[TaskInstance]]]:
         """Apply one run's events in the caller's transaction: their task instances read
         (and the run locked) in one query, and whether the run ended asked once, after the
         last event (a batch of 100 successes asks once, not 100 times). What is read of a
         task instance here does not change within an attempt; its state is guarded in SQL."""
-        refs = [task_ref(event) for event in group]
+        refs = [facts_of.task_ref(event) for event in group]
         ids = sorted({ref[0] for ref in refs if ref is not None})
-        tis = {ti["ti_id"]: ti for ti in self.store.rows("tis_locking_run",
-                                                         ti_ids=json.dumps(ids))} if ids else {}
+        tis = self.tis.locking_runs(ids)
         self._finishing = set()
         try:
             made = [(event, self._apply_event(event, ref, tis, now))
@@ -195,8 +169,8 @@ class Engine:
             self._finishing = None
         return made
 
-    def _apply_event(self, event: Event, ref: tuple[str, int] | None, tis: Mapping[str, Row],
-                     now: float) -> list[Row]:
+    def _apply_event(self, event: Event, ref: tuple[str, int] | None,
+                     tis: Mapping[str, TaskInstance], now: float) -> list[TaskInstance]:
         """Apply one event inside the caller's transaction; the task instances it made ready."""
         if ref is None:
             log.warning("event %s of message %s names no task instance: not the "
@@ -208,105 +182,196 @@ class Engine:
             return []
         return self._apply(ti, ref[1], event, now)
 
-    def _apply(self, ti: Row, attempt: int, event: Event, now: float) -> list[Row]:
+    def _apply(self, ti: TaskInstance, attempt: int, event: Event, now: float
+               ) -> list[TaskInstance]:
         kind = event.kind
-        key = {"ti_id": ti["ti_id"], "attempt": attempt, "at": event.at, "now": now}
-        # the worker kept the message (requeued at shutdown, or retrying it itself)
-        worker_keeps = kind in ("interrupted", "retried") or (
-            kind in FAILED and kind != "dead_lettered" and event.retry_in > 0)
+        key = Transition(ti.ti_id, attempt, event.at, now)
         if kind == "succeeded":
-            return self._succeeded(ti, {**key, **what_is_known(event)}, now, event.result,
-                                   output(event))
-        if worker_keeps:          # same attempt, back to queued
-            self._note(now + ti["queued_timeout"])
-            self.store.exec("ti_requeued", error=describe(event), **key)
+            return self._succeeded(ti, key, event, output(event))
+        if kind == "skipped":     # it raised Skip (or exited with a skip code): not retried
+            return self._skipped(ti, key, event, output(event))
+        if kind in ("started", "heartbeat", "parked", "unparked"):
+            self._progressed(ti, key, event, now)
+        elif worker_keeps(event):  # same attempt, back to queued, with a fresh deadline to start
+            self._note(now + ti.queued_timeout + self.start_grace)
+            self.tis.requeued(key, error=describe(event), start_grace=self.start_grace)
         elif kind in FAILED:
-            self._attempt_failed(ti, key, kind, describe(event), now, output(event))
-        elif kind == "started":
-            self._note(now + ti["heartbeat_timeout"])
-            if not self.store.exec("ti_started", hostname=event.hostname, pid=event.pid, **key):
-                self._started_late(event, key)
-        elif kind == "heartbeat":
-            self.store.exec("ti_heartbeat", **key)
-        elif kind == "parked":    # waiting for a slot of its pool or limit: no timeout
-            self.store.exec("ti_parked", **key)
-        elif kind == "unparked":  # handed a slot and queued again: the timeout runs again
-            self._note(now + ti["queued_timeout"])
-            self.store.exec("ti_unparked", **key)
+            return self._attempt_failed(ti, key, kind, describe(event), now, output(event),
+                                        event.error)
+        elif kind == "expired":   # a worker acked it unrun: past its deadline to start
+            return self._expired(ti, key, event, now)
+        elif kind == "cancelled":  # stopped, or acked unrun: never retried
+            return self._cancelled(ti, key, describe(event), now, output(event), event.error)
         return []
 
-    def _started_late(self, event: Event, key: dict[str, Any]) -> None:
-        """A `started` that comes after the outcome fills in what the outcome left blank."""
-        known = {**key, **what_is_known(event), "at": event.at}
-        if self.store.exec("ti_started_late", **known):
-            self.store.exec("attempt_started_late", **known)
+    def _progressed(self, ti: TaskInstance, key: Transition, event: Event, now: float) -> None:
+        """An attempt that goes on: started, beating, waiting for a slot, or given one."""
+        if event.kind == "started":
+            self._note(now + ti.heartbeat_timeout)
+            self.pins.started(ti, event)
+            if not self.tis.started(key, hostname=event.hostname, pid=event.pid):
+                self._started_late(event, key)
+        elif event.kind == "heartbeat":
+            self.tis.heartbeat(key)
+        elif event.kind == "parked":    # waiting for a slot of its pool or limit: no timeout
+            self.tis.parked(key)
+        else:                     # handed a slot and queued again: the timeout runs again
+            self._note(now + ti.queued_timeout + self.start_grace)
+            self.tis.unparked(key, start_grace=self.start_grace)
 
-    def _succeeded(self, ti: Row, key: dict[str, Any], now: float, value: Any,
-                   log: str | None = None) -> list[Row]:
+    def _expired(self, ti: TaskInstance, key: Transition, event: Event, now: float
+                 ) -> list[TaskInstance]:
+        """A copy of the attempt's message was acked unrun; what to publish again, if any.
+
+        If the attempt never started, that is its queued timeout, heard before the
+        scheduler's own timer. If it started and this copy was delivered before (the
+        started one came back from a worker that lost it: killed, or its lease lapsed), the
+        same attempt is published again with a fresh deadline, as the redelivery would have
+        run it. A first delivery of a running attempt is a second publish of it: the run in
+        progress goes on, and its heartbeats decide."""
+        current = self.tis.get(ti.ti_id)   # an earlier event may have moved it
+        if current is None or current.attempt != key.attempt:
+            return []
+        if current.state == "queued":
+            return self._attempt_failed(ti, key, "queued_timeout", f"queued_timeout: "
+                                        f"{event.reason} (refused by {event.hostname or '?'})",
+                                        now)
+        elif current.state == "running" and event.delivery > 1:
+            log.warning("attempt %d of %s came back from the worker running it (delivery %d) "
+                        "after its deadline to start: publishing it again", key.attempt,
+                        ti.ti_id, event.delivery)
+            return self.tis.reissue(ti_id=ti.ti_id, attempt=key.attempt, now=now,
+                                    **self._claim)
+        elif current.state == "running":
+            log.info("a second copy of attempt %d of %s expired on %s while the attempt runs: "
+                     "ignored", key.attempt, ti.ti_id, event.hostname or "?")
+        return []
+
+    def _started_late(self, event: Event, key: Transition) -> None:
+        """A `started` that comes after the outcome fills in what the outcome left blank.
+        One for an attempt timed out before it started breaks the promise that such an
+        attempt never runs: only clocks further apart than the start grace can do that."""
+        known = what_is_known(event)
+        if self.attempts.outcome(key.ti_id, key.attempt) == "queued_timeout":
+            log.error("attempt %d of task instance %s STARTED on %s (pid %s) at %.3f after it "
+                      "was timed out for not starting: the worker's clock is behind the "
+                      "scheduler's by more than the start grace (%g s, "
+                      "CONVEYOR_SCHEDULER_START_GRACE), or its `started` took that long to "
+                      "arrive. Check the hosts' clocks (NTP)", key.attempt, key.ti_id,
+                      event.hostname or "?", event.pid or "?", event.at, self.start_grace)
+        where = {"hostname": known["hostname"], "pid": known["pid"]}
+        if self.tis.started_late(key, **where):
+            self.attempts.started_late(key, **where)
+
+    def _succeeded(self, ti: TaskInstance, key: Transition, event: Event,
+                   log: str | None = None) -> list[TaskInstance]:
         """Success, with the value the task returned kept in the run (for its children,
         `tasks show`, and a restarted scheduler), in the same transaction."""
-        result = json.dumps(value)
-        if not self.store.exec("ti_succeeded", result=result, **key):
+        children = ti.spec.get("downstream")
+        if "branch" in ti.spec and (why := choice_problem(event.result, ti.task_id,
+                                                          children or [])):
+            return self._attempt_failed(ti, key, "failed", f"BranchError: {why}", key.now, log)
+        result = json.dumps(event.result)
+        if not self.tis.succeeded(key, result=result, **what_is_known(event)):
             return []
-        self.store.exec("record_attempt", outcome="succeeded", error=None, result=result,
-                        log=log, **key)
-        _trace_attempt(ti, key["attempt"], "success", now)
-        ready = [] if json.loads(ti["spec"]).get("downstream") == [] else self.store.rows(
-            "dispatch_children", run_id=ti["run_id"], now=now, task_id=ti["task_id"],
-            publish_grace=self.publish_grace)   # no query for a task with no children
-        self._finish(ti["run_id"], now)
+        self.attempts.record(key, outcome="succeeded", error=None, result=result, log=log)
+        facts_of.trace_attempt(ti, key.attempt, "success", key.now)
+        self.callbacks.task(ti, key.attempt, "on_success", key.now)
+        ready = [] if children == [] else self.mapper.expand(self.readiness.after(
+            ti.run_id, [ti.task_id], key.now, claim=self._claim), key.now)  # none: no query
+        self._finish(ti.run_id, key.now)
         return ready
 
-    def _attempt_failed(self, ti: Row, key: dict[str, Any], outcome: str, error: str,
-                        now: float, log: str | None = None) -> None:
-        """Up for retry while attempts remain (backoff from retry.py), else failed for good."""
-        record = {"outcome": outcome, "error": error, "result": None, "log": log, **key}
-        if key["attempt"] < ti["max_attempts"]:
-            due = now + retry_delay(key["attempt"], json.loads(ti["spec"]))
-            if self.store.exec("ti_up_for_retry", error=error, next_retry_at=due, **key):
-                self.store.exec("record_attempt", **record)
-                _trace_attempt(ti, key["attempt"], outcome, now, error)
+    def _skipped(self, ti: TaskInstance, key: Transition, event: Event,
+                 log: str | None = None) -> list[TaskInstance]:
+        """It skipped itself (Skip, a skip exit code): as if a rule had skipped it, its
+        children judged by their rules; no callback (Airflow's do not fire on a skip)."""
+        why = event.reason or "skipped by the task"
+        if not self.tis.skipped(key, reason=why, **what_is_known(event)):
+            return []
+        self.attempts.record(key, outcome="skipped", error=why, result=None, log=log)
+        facts_of.trace_attempt(ti, key.attempt, "skipped", key.now)
+        return self._ended(ti, key.now)
+
+    def _attempt_failed(self, ti: TaskInstance, key: Transition, outcome: str, error: str,
+                        now: float, log: str | None = None,
+                        facts: Mapping[str, Any] | None = None) -> list[TaskInstance]:
+        """Up for retry while attempts remain (backoff from retry.py), else failed for good:
+        then its children follow their trigger rules; those that became ready. `facts`: the
+        worker's error (type, message, traceback), for callbacks."""
+        told: dict[str, Any] = {"outcome": outcome, "error": error, "facts": facts}
+        if key.attempt < ti.max_attempts:
+            due = now + retry_delay(key.attempt, ti.spec)
+            if self.tis.up_for_retry(key, error=error, next_retry_at=due):
+                self.attempts.record(key, outcome=outcome, error=error, result=None, log=log)
+                facts_of.trace_attempt(ti, key.attempt, outcome, now, error)
+                self.callbacks.task(ti, key.attempt, "on_retry", now, **told)
                 self._note(due)
-            return
-        if self.store.exec("ti_failed", error=error, **key):
-            self.store.exec("record_attempt", **record)
-            _trace_attempt(ti, key["attempt"], outcome, now, error)
-            self.store.exec("upstream_failed", run_id=ti["run_id"], task_id=ti["task_id"],
-                            now=now)
-            self._finish(ti["run_id"], now)
+            return []
+        if not self.tis.failed(key, error=error):
+            return []
+        self.attempts.record(key, outcome=outcome, error=error, result=None, log=log)
+        facts_of.trace_attempt(ti, key.attempt, outcome, now, error)
+        self.callbacks.task(ti, key.attempt, "on_failure", now, **told)
+        return self._ended(ti, now)
+
+    def _cancelled(self, ti: TaskInstance, key: Transition, error: str, now: float,
+                   log: str | None = None, facts: Mapping[str, Any] | None = None
+                   ) -> list[TaskInstance]:
+        """A cancelled attempt: terminal, counted as a failure by the trigger rules below
+        it, and the run ended if nothing else is left."""
+        if ti.state not in ("queued", "running") or not self.tis.cancelled(key, error=error):
+            return []
+        self.attempts.record(key, outcome="cancelled", error=error, result=None, log=log)
+        facts_of.trace_attempt(ti, key.attempt, "cancelled", now, error)
+        self.callbacks.task(ti, key.attempt, "on_cancel", now, outcome="cancelled",
+                            error=error, facts=facts)
+        return self._ended(ti, now)
+
+    def _ended(self, ti: TaskInstance, now: float) -> list[TaskInstance]:
+        """A task that ended without success: what its children's rules make of it (an
+        `all_done` cleanup starts, an `all_success` child is upstream_failed)."""
+        ready = [] if ti.spec.get("downstream") == [] else self.mapper.expand(
+            self.readiness.after(ti.run_id, [ti.task_id], now, claim=self._claim), now)
+        self._finish(ti.run_id, now)
+        return ready
 
     def _finish(self, run_id: str, now: float) -> None:
         """End the run if nothing in it is left to do (in a batch: once, at its end)."""
         if self._finishing is not None:
             self._finishing.add(run_id)
             return
-        finished = self.store.one("finish_run", run_id=run_id, now=now)
+        self._later += self.mapper.close(run_id, now)   # mapped tasks whose instances ended
+        finished = self.runs.finish(run_id, now)
         if finished:
             self.runs_finished += 1
-            log.info("run %s ended %s", run_id, finished["state"])
+            log.info("run %s ended %s", run_id, finished.state)
+            self.callbacks.run_ended(run_id, finished.state, now)
             tracer = tracing.current()
             if tracer is not None:
-                tracer.dag_run(run_id, finished["dag_id"], start=finished["created_at"],
-                               end=now, state=finished["state"])
+                tracer.dag_run(run_id, finished.dag_id, start=finished.created_at,
+                               end=now, state=finished.state)
 
     # -- timers ---------------------------------------------------------------------------------
 
     def tick(self, now: float) -> float | None:
         """Do everything due at `now`; return when something is next due (None: nothing)."""
         self._cron(now)
-        for row in self.store.rows("due", now=now, limit=BATCH):
-            self._expire(row, now)
-        self._claim_and_dispatch("start_queued_runs", now)
-        self._claim_and_dispatch("claim_due_retries", now)
+        for due in self.tis.due(now, BATCH):
+            self._expire(due, now)
+        self._claim_and_dispatch(self._start_queued_runs, now)
+        self._claim_and_dispatch(self._claim_due_retries, now)
+        deadlines.fire_due(self.store, self.callbacks, now)
+        self.callbacks.tick(now)
         return self.next_due(now)
 
     def next_due(self, now: float) -> float | None:
-        """The earliest deadline or cron tick this scheduler acts on."""
-        found = self.store.one("next_deadline")
-        times = [found["at"]] if found and found["at"] is not None else []
-        times += [row["next_tick"] for row in self.store.rows("dags")
-                  if row["dag_id"] in self.dags and row["next_tick"] is not None
-                  and row["dag_id"] not in self._capped]
+        """The earliest deadline (of a task, a callback's publish, a run) or cron tick."""
+        times = [at for at in (self.tis.next_deadline(), self.callbacks.next_due(),
+                               deadlines.next_due(self.store)) if at is not None]
+        times += [dag.next_tick for dag in self.recorded.all()
+                  if dag.dag_id in self.dags and dag.next_tick is not None
+                  and dag.dag_id not in self._capped]
         return min(times, default=None)
 
     def _cron(self, now: float) -> None:
@@ -314,18 +379,19 @@ class Engine:
         `catchup` (up to `max_active_runs` at once; the rest when runs end), else the
         latest only. A paused DAG's ticks pass without runs."""
         self._capped.clear()
-        for row in self.store.rows("dags"):
-            dag = self.dags.get(row["dag_id"])
-            if dag is None or not dag.schedule or not row["next_tick"] or row["next_tick"] > now:
+        for recorded in self.recorded.all():
+            dag = self.dags.get(recorded.dag_id)
+            tick = recorded.next_tick
+            if dag is None or not dag.schedule or not tick or tick > now:
                 continue
-            if dag.catchup and not row.get("paused"):
-                self._catch_up(dag, row["next_tick"], now)
+            if dag.catchup and not recorded.paused:
+                self._catch_up(dag, tick, now)
                 continue
-            logical = max(row["next_tick"], cron.latest_tick(dag.schedule, now, dag.timezone))
+            logical = max(tick, cron.latest_tick(dag.schedule, now, dag.timezone))
             following = cron.next_tick(dag.schedule, now, dag.timezone)
             with self.store.transaction():
-                if self.store.exec("advance_tick", dag_id=dag.dag_id, next_tick=following,
-                                   expected=row["next_tick"]) and not row.get("paused"):
+                if self.recorded.advance_tick(dag_id=dag.dag_id, next_tick=following,
+                                              expected=tick) and not recorded.paused:
                     create_run(self.store, dag, now, executors=list(self.executors),
                                logical_date=logical, run_type="scheduled")
 
@@ -335,86 +401,135 @@ class Engine:
         never create the same tick twice (and the unique logical date holds anyway)."""
         assert dag.schedule is not None
         while tick <= now:
-            active = self.store.one("dag_active_runs", dag_id=dag.dag_id)
-            if active and active["n"] >= dag.max_active_runs:
+            if self.recorded.active_runs(dag.dag_id) >= dag.max_active_runs:
                 self._capped.add(dag.dag_id)      # resumes when one of its runs ends
                 return
             following = cron.next_tick(dag.schedule, tick, dag.timezone)
             with self.store.transaction():
-                if not self.store.exec("advance_tick", dag_id=dag.dag_id, next_tick=following,
-                                       expected=tick):
+                if not self.recorded.advance_tick(dag_id=dag.dag_id, next_tick=following,
+                                                  expected=tick):
                     return                        # another scheduler moved it
                 create_run(self.store, dag, now, executors=list(self.executors),
                            logical_date=tick, run_type="scheduled")
             tick = following
 
-    def _claim_and_dispatch(self, claim: str, now: float) -> None:
-        """Start queued runs, or re-queue due retries, a batch at a time."""
+    def _claim_and_dispatch(self, claim: Callable[[float], tuple[int, list[TaskInstance]]],
+                            now: float) -> None:
+        """Start queued runs, or re-queue due retries, a batch at a time: `claim(now)` says
+        how many it claimed, and the task instances to dispatch."""
         while True:
+            self._later = []
             with self.store.transaction():
-                claimed = self.store.rows(claim, now=now, limit=BATCH,
-                                          publish_grace=self.publish_grace)
-                ready = claimed
-                if claim == "start_queued_runs":   # a started run dispatches its roots
-                    ready = [ti for run in claimed for ti in self._start(run["run_id"], now)]
-            self._dispatch(ready, now)
-            if len(claimed) < BATCH:
+                claimed, ready = claim(now)
+            self._dispatch(ready + self._take_later(), now)
+            if claimed < BATCH:
                 return
 
-    def _start(self, run_id: str, now: float) -> list[Row]:
+    def _start_queued_runs(self, now: float) -> tuple[int, list[TaskInstance]]:
+        """A batch of queued runs started, and their roots (a started run dispatches them)."""
+        started = self.runs.start_queued(now=now, limit=BATCH)
+        return len(started), [ti for run_id in started for ti in self._start(run_id, now)]
+
+    def _claim_due_retries(self, now: float) -> tuple[int, list[TaskInstance]]:
+        ready = self.tis.claim_due_retries(now=now, limit=BATCH, **self._claim)
+        return len(ready), ready
+
+    def _start(self, run_id: str, now: float) -> list[TaskInstance]:
         """The task instances a run just started can dispatch; a run with none and nothing
         unfinished (one reopened by `tasks mark`) ends here."""
-        ready = self.store.rows("dispatch_ready", run_id=run_id, now=now,
-                                publish_grace=self.publish_grace)
+        ready = self.mapper.expand(self.readiness.whole_run(run_id, now, claim=self._claim),
+                                   now)
         if not ready:
             self._finish(run_id, now)
         return ready
 
-    def _expire(self, due: Row, now: float) -> None:
+    def _expire(self, due: Due, now: float) -> None:
         """A queued or running task instance whose deadline passed (checked again under the
         run lock: an event may have moved it meanwhile)."""
+        self._later = []
         with self.store.transaction():
-            self.store.exec("lock_run", run_id=due["run_id"])
-            ti = self.store.one("still_due", ti_id=due["ti_id"], attempt=due["attempt"],
-                                state=due["state"], now=now)
-            republish: list[Row] = []
-            if ti is not None and ti["state"] == "queued" and ti["published_at"] is None:
-                republish = self.store.rows("claim_unpublished", ti_id=ti["ti_id"], now=now,
-                                            attempt=ti["attempt"],
-                                            publish_grace=self.publish_grace)
+            self.runs.lock(due.run_id)
+            ti = self.tis.still_due(due, now)
+            republish: list[TaskInstance] = []
+            timed_out: TaskInstance | None = None
+            if ti is not None and ti.state == "queued" and ti.published_at is None:
+                republish = self._claim_unpublished(ti, now)
             elif ti is not None:
-                outcome, error = timeout_reason(ti, now)
-                key = {"ti_id": ti["ti_id"], "attempt": ti["attempt"], "at": now, "now": now}
-                self._attempt_failed(ti, key, outcome, error, now)
-        self._dispatch(republish, now)
+                outcome, error = timeout_reason(ti, now, self.start_grace)
+                key = Transition(ti.ti_id, ti.attempt, now, now)
+                republish = self._attempt_failed(ti, key, outcome, error, now)  # children
+                timed_out = ti if outcome == "queued_timeout" else None
+        self._dispatch(republish + self._take_later(), now)
+        if timed_out is not None:
+            self._withdraw(timed_out)
+
+    @property
+    def _claim(self) -> dict[str, Any]:
+        """What every claim for publishing records: who claimed, and when to look again."""
+        return {"scheduler": self.scheduler_id, "lease": self.lease}
+
+    def _claim_unpublished(self, ti: TaskInstance, now: float) -> list[TaskInstance]:
+        """A queued attempt whose publish was never recorded: ours to publish if its claimer
+        is dead (its lease lapsed); else looked at again when the claimer's lease would
+        lapse. The caller holds the run's lock, which the claimer's `mark_published` takes."""
+        claimed = self.tis.claim_unpublished(ti_id=ti.ti_id, attempt=ti.attempt, now=now,
+                                             **self._claim)
+        if claimed and ti.claimed_by != self.scheduler_id:
+            log.warning("task instance %s attempt %d was claimed by scheduler %s, which died "
+                        "before publishing it: publishing it now", ti.ti_id, ti.attempt,
+                        ti.claimed_by or "?")
+        elif not claimed:
+            self.tis.wait_for_claimer(ti_id=ti.ti_id, attempt=ti.attempt, now=now)
+        return claimed
+
+    def _withdraw(self, ti: TaskInstance) -> None:
+        """Tell the attempt's executor it was timed out before it started (see
+        `Executor.withdraw`); if it cannot take it back, say so: its outcome is ignored."""
+        executor = self.executors.get(ti.executor)
+        if executor is None:
+            return
+        try:
+            executor.withdraw(ti.ti_id, ti.attempt)
+        except ExecutorError as exc:
+            log.warning("attempt %d of %s timed out but was not withdrawn: %s; if it starts, "
+                        "its outcome is ignored", ti.attempt, ti.ti_id, exc)
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def _dispatch(self, tis: Sequence[Row], now: float) -> None:
+    def _dispatch(self, tis: Sequence[TaskInstance], now: float) -> None:
         """Hand the newly queued task instances to their executors (a batch each), then
-        record the publish; one an executor refuses fails with the executor's reason."""
-        batches: dict[str, list[tuple[Row, Workload]]] = {}
-        for ti in sorted(tis, key=lambda t: (-t["priority"], t["position"])):
-            work = workload(ti, self.events_queue, self._upstream_results(ti))
-            batches.setdefault(ti["executor"], []).append((ti, work))
-        published: list[Row] = []
+        record the publish; one an executor refuses fails with the executor's reason. A
+        pinned run's task goes where `pins` says, or is held (pinning.py)."""
+        batches: dict[str, list[tuple[TaskInstance, Workload]]] = {}
+        routes, held = self.pins.route(tis, now)
+        holding = {h.ti.ti_id for h in held}
+        for ti in sorted(tis, key=lambda t: (-t.priority, t.position)):
+            if ti.ti_id not in holding:
+                work = workload(ti, self.events_queue, self._upstream_results(ti), now=now,
+                                queue=routes.get(ti.ti_id))
+                batches.setdefault(ti.executor, []).append((ti, work))
+        if tis:
+            self.before_publish(tis)
+        published: list[TaskInstance] = []
         for name, batch in batches.items():
             refused = self._submit(name, [work for _, work in batch])
             published += [ti for ti, work in batch if id(work) not in refused]
             for work, exc in refused.values():
                 self.handle(event_for(work.message, "failed", reason=str(exc), error={
                     "type": "ExecutorError", "message": str(exc)}), now)
-        if published:
+        if published or held:
             with self.store.transaction():
                 # runs first, as every transaction here does: updating these rows without
                 # their run's lock could deadlock with another scheduler's batch of events
                 # holding the lock and one of them (found by the two-scheduler test)
-                for run_id in sorted({ti["run_id"] for ti in published}):
-                    self.store.exec("lock_run", run_id=run_id)
-                self.store.exec_many("mark_published", [
-                    {"ti_id": ti["ti_id"], "attempt": ti["attempt"], "now": now}
-                    for ti in published])
-            self._note(now + min(ti["queued_timeout"] for ti in published))
+                for run_id in sorted({ti.run_id for ti in [*published, *holding_tis(held)]}):
+                    self.runs.lock(run_id)
+                self.tis.mark_published(published, now=now, start_grace=self.start_grace)
+                self.pins.hold(held)
+        if published:
+            self._note(now + min(ti.queued_timeout for ti in published) + self.start_grace)
+        if held:
+            self._note(min(h.recheck_at for h in held))
 
     def _submit(self, name: str, works: list[Workload]
                 ) -> dict[int, tuple[Workload, ExecutorError]]:
@@ -426,57 +541,18 @@ class Engine:
             return {id(work): (work, exc) for work in works}
         return {id(work): (work, exc) for work, exc in executor.submit_many(works)}
 
-    def _upstream_results(self, ti: Row) -> dict[str, Any]:
+    def _upstream_results(self, ti: TaskInstance) -> dict[str, Any]:
         """What the task's parents returned (no query for a task without parents)."""
-        if not json.loads(ti["spec"]).get("upstream"):
+        if not ti.spec.get("upstream"):
             return {}
-        rows = self.store.rows("upstream_results", run_id=ti["run_id"], task_id=ti["task_id"])
-        return {r["task_id"]: json.loads(r["result"]) if r["result"] else None for r in rows}
+        found = self.tis.upstream_results(ti.run_id, ti.task_id)
+        return {task_id: json.loads(result) if result else None
+                for task_id, result in found.items()}
+
+    def _take_later(self) -> list[TaskInstance]:
+        later, self._later = self._later, []
+        return later
 
     def _note(self, deadline: float) -> None:
         self.on_deadline(deadline)
 
-
-def _trace_attempt(ti: Row, attempt: int, outcome: str, now: float, error: str = "") -> None:
-    """The span of an attempt that ended (while tracing is on): from queued to `now`."""
-    tracer = tracing.current()
-    if tracer is not None:
-        name = f"{json.loads(ti['spec']).get('dag_id', '')}.{ti['task_id']}".lstrip(".")
-        tracer.task_instance(ti["run_id"], ti["ti_id"], attempt, name, start=ti["queued_at"],
-                             end=now, outcome=outcome, error=error)
-
-
-def what_is_known(event: Event) -> dict[str, Any]:
-    """Where and when the attempt ran, as far as `event` says (None: it does not say)."""
-    return {"hostname": event.hostname or None, "pid": event.pid or None,
-            "started": event.started_at or None}
-
-
-def output(event: Event) -> str | None:
-    """The attempt's last lines of output as stored with it (JSON), None when it sent none."""
-    return json.dumps(list(event.log)) if event.log else None
-
-
-def retry_delay(attempt: int, spec: Mapping[str, Any]) -> float:
-    """Seconds before retry number `attempt`: `retry.backoff_delay` with the task's base
-    delay, cap and jitter."""
-    base = float(spec["retry_delay"])
-    if base <= 0:
-        return 0.0
-    return backoff_delay(attempt, base, spec["retry_max_delay"], spec["retry_jitter"])
-
-
-def timeout_reason(ti: Row, now: float) -> tuple[str, str]:
-    """(outcome, error) for a task instance whose queued or heartbeat deadline passed."""
-    if ti["state"] == "queued":
-        waited = now - (now if ti["queued_at"] is None else ti["queued_at"])
-        return "queued_timeout", (
-            f"queued_timeout: queued for {waited:.0f} s on {ti['executor']} "
-            f"(queue {ti['queue']!r}) without starting (limit {ti['queued_timeout']:g} s): "
-            "are workers consuming that queue, with free slots?")
-    last = ti["heartbeat_at"] if ti["heartbeat_at"] is not None else ti["started_at"]
-    silent = now - (now if last is None else last)
-    where = f"{ti['hostname'] or '?'} pid {ti['pid'] or '?'}"
-    return "heartbeat_timeout", (
-        f"heartbeat_timeout: no heartbeat for {silent:.0f} s from the attempt running on "
-        f"{where} (limit {ti['heartbeat_timeout']:g} s): the worker died or hung")

@@ -55,6 +55,7 @@ def load_file(path: Path, executors: Sequence[str] = (), *,
     for dag in dags:
         dag.validate(executors)
         dag.version = version
+        dag.source = source.decode("utf-8", "replace")
         dag.file = str(path)
     return dags
 

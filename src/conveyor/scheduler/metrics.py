@@ -14,13 +14,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from conveyor.state import store as stores
+from conveyor.state.callbacks import Callbacks
+from conveyor.state.runs import Runs
+from conveyor.state.tasks import TaskInstances
 
 BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 
@@ -33,20 +35,32 @@ class StateCollector(Collector):
         self._store: stores.Store | None = None
         self._lock = threading.Lock()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self._lock:
             if self._store is None:
                 self._store = stores.from_url(self._url)
-            runs = self._store.rows("runs_by_state")
-            tis = self._store.rows("tis_by_state")
+            runs = Runs(self._store).count_by_state()
+            tis = TaskInstances(self._store).count_by_state()
+            missed = Callbacks(self._store).deadlines_missed()
+            failures = Callbacks(self._store).failures()
         yield _family("conveyor_scheduler_runs", "DAG runs by state", runs)
         yield _family("conveyor_scheduler_task_instances", "Task instances by state", tis)
+        # counted in the store, so every scheduler (and a restarted one) says the same
+        yield CounterMetricFamily("conveyor_deadline_missed", "DAG runs that had not ended "
+                                  "by their deadline (runs kept in the state store)",
+                                  value=float(missed))
+        failed = CounterMetricFamily("conveyor_callback_failures", "Callbacks that failed "
+                                     "(raised, timed out, or were refused by their executor)",
+                                     labels=["kind"])
+        for kind, n in sorted(failures.items()):
+            failed.add_metric([kind], float(n))
+        yield failed
 
 
-def _family(name: str, doc: str, rows: list[dict[str, Any]]) -> GaugeMetricFamily:
+def _family(name: str, doc: str, counts: dict[str, int]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc, labels=["state"])
-    for row in rows:
-        family.add_metric([row["state"]], float(row["n"]))
+    for state, n in counts.items():
+        family.add_metric([state], float(n))
     return family
 
 

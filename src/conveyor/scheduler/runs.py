@@ -14,15 +14,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from conveyor.message import new_id
+from conveyor.scheduler import branches
 from conveyor.scheduler.dag import DAG
+from conveyor.scheduler.deadlines import set_alerts
 from conveyor.scheduler.errors import RunError
+from conveyor.scheduler.pinning import pin_spec
+from conveyor.state.runs import Runs
 from conveyor.state.store import Store
 
 
 def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
                conf: Mapping[str, Any] | None = None, logical_date: float | None = None,
-               run_type: str = "manual") -> str | None:
+               run_type: str = "manual", pin_code: bool | None = None) -> str | None:
     """Insert a queued run of `dag`; its id, or None if (DAG, logical date) already exists.
+    `pin_code`: pin this run to its code (None: as the DAG says; scheduler/pinning.py).
 
     The scheduler starts queued runs on its next tick (`Engine.tick`).
     """
@@ -32,21 +37,27 @@ def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
     date = now if logical_date is None else logical_date
     extra: dict[str, Any] = {"logical_date": iso(date)}   # tasks see these in their headers
     extra |= {"conf": dict(conf)} if conf else {}
+    if dag.pin_code if pin_code is None else pin_code:
+        extra["pin"] = pin_spec(dag.pin_timeout, dag.pin_policy)
+    runs = Runs(store)
     with store.transaction():
-        inserted = store.exec("insert_run", run_id=run_id, dag_id=dag.dag_id,
-                              logical_date=date, run_type=run_type,
-                              conf=json.dumps(dict(conf or {})),
-                              dag_version=dag.version or "unversioned", now=now)
+        inserted = runs.insert(run_id=run_id, dag_id=dag.dag_id, logical_date=date,
+                               run_type=run_type, conf=json.dumps(dict(conf or {})),
+                               dag_version=dag.version or "unversioned", now=now)
         if not inserted:
             return None
+        if dag.source:   # once per version: a run shows the source it was created from
+            runs.keep_source(version=dag.version, file=dag.file, source=dag.source, now=now)
         children: dict[str, list[str]] = {}
         for upstream, downstream in dag.edges():
             children.setdefault(upstream, []).append(downstream)
-        store.exec_many("insert_ti", [ti_row(dag, task_id, position, run_id, now, executors,
-                                             extra, children.get(task_id, []))
-                                      for position, task_id in enumerate(dag.order())])
-        store.exec_many("insert_edge", [{"run_id": run_id, "upstream": u, "downstream": d}
-                                        for u, d in dag.edges()])
+        runs.insert_task_instances([ti_row(dag, task_id, position, run_id, now, executors,
+                                           extra, children.get(task_id, []))
+                                    for position, task_id in enumerate(dag.order())])
+        runs.insert_edges(run_id, list(dag.edges()))
+        if dag.callbacks or dag.deadline:   # a backfill's runs are late by design: no deadline
+            set_alerts(store, dag, run_id, logical_date=date, queued_at=now,
+                       deadline=run_type != "backfill")
     return run_id
 
 
@@ -58,23 +69,26 @@ def ti_row(dag: DAG, task_id: str, position: int, run_id: str, now: float,
     node = dag.tasks[task_id]
     o = node.options
     spec = {**node.spec(), **extra, "downstream": sorted(children)}
+    if node.branch:     # which tasks each child leads to: see branches.follows
+        spec["branch"] = branches.reach(sorted(children), dag.edges())
     return {"ti_id": new_id(now), "run_id": run_id, "task_id": task_id, "position": position,
             "max_attempts": o.max_attempts, "executor": o.executor or executors[0],
             "queue": o.queue, "priority": o.priority, "spec": json.dumps(spec),
-            "queued_timeout": o.queued_timeout, "heartbeat_timeout": o.heartbeat_timeout}
+            "queued_timeout": o.queued_timeout, "heartbeat_timeout": o.heartbeat_timeout,
+            "is_branch": int(node.branch)}
 
 
 def trigger(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
             conf: Mapping[str, Any] | None = None, logical_date: float | None = None,
-            run_type: str = "manual") -> str:
+            run_type: str = "manual", pin_code: bool | None = None) -> str:
     """Like `create_run`, but a run that already exists for the date is an error to show."""
     run_id = create_run(store, dag, now, executors=executors, conf=conf,
-                        logical_date=logical_date, run_type=run_type)
+                        logical_date=logical_date, run_type=run_type, pin_code=pin_code)
     if run_id is None:
         date = now if logical_date is None else logical_date
-        existing = store.one("run_by_date", dag_id=dag.dag_id, logical_date=date)
+        existing = Runs(store).by_date(dag.dag_id, date)
         raise RunError(f"DAG {dag.dag_id!r} already has a run for {iso(date)} "
-                       f"({existing['run_id'] if existing else '?'}): pass another "
+                       f"({existing.run_id if existing else '?'}): pass another "
                        "--logical-date")
     return run_id
 

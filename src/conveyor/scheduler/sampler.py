@@ -18,14 +18,16 @@ period (15 s by default), nothing in between.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from conveyor.broker import Broker, Depth
+from conveyor.broker import Depth, Inspector
+from conveyor.state.monitoring import QueueSamples, Workers
+from conveyor.state.records import WorkerRecord
+from conveyor.state.tasks import TaskInstances
 
 if TYPE_CHECKING:
     from conveyor.state.store import Store
@@ -44,9 +46,9 @@ def queues_to_sample(store: Store, always: Sequence[str]) -> list[str]:
     """`always`, then the queues registered workers serve and recent runs' tasks name
     (`conveyor status` and the dashboard show these too, and the Celery rejects)."""
     found = list(always)
-    for row in store.rows("workers"):
-        found += row["queues"].split(",")
-    found += [row["queue"] for row in store.rows("queues_in_use", limit=RECENT_RUNS)]
+    for worker in Workers(store).all():
+        found += worker.queues.split(",")
+    found += TaskInstances(store).queues_in_use(RECENT_RUNS)
     return list(dict.fromkeys(q for q in found if q))
 
 
@@ -59,7 +61,7 @@ def period_start(now: float, interval: float) -> float:
 Counts = dict[str, dict[str, tuple[int, int]]]
 
 
-def sample(store: Store, broker: Broker, queues: Sequence[str], now: float,
+def sample(store: Store, broker: Inspector, queues: Sequence[str], now: float,
            interval: float, finished: Mapping[str, tuple[int, int]] | None = None
            ) -> dict[str, Depth]:
     """Read each queue's depth and record it for the period of `now`, with the tasks
@@ -70,23 +72,23 @@ def sample(store: Store, broker: Broker, queues: Sequence[str], now: float,
     names = list(dict.fromkeys([*queues, *(finished or {})]))
     depths = {queue: broker.depth(queue) for queue in names}
     at = period_start(now, interval)
+    samples = QueueSamples(store)
     with store.transaction():
         for queue, d in depths.items():
             done: tuple[int | None, int | None] = (None, None) if finished is None else \
                 finished.get(queue, (0, 0))
-            store.exec("insert_queue_sample", at=at, queue=queue, ready=d.ready,
-                       in_flight=d.in_flight, delayed=d.delayed, dead=d.dead,
-                       succeeded=done[0], failed=done[1])
-        store.exec("forget_queue_samples", before=now - RETENTION)
+            samples.insert(at=at, queue=queue, ready=d.ready, in_flight=d.in_flight,
+                           delayed=d.delayed, dead=d.dead, succeeded=done[0], failed=done[1])
+        samples.forget(now - RETENTION)
     return depths
 
 
-def worker_counts(rows: Sequence[Mapping[str, Any]]) -> Counts:
+def worker_counts(workers: Sequence[WorkerRecord]) -> Counts:
     """What each registered worker says it finished per queue (from its heartbeat row)."""
     counts: Counts = {}
-    for row in rows:
-        reported = json.loads(row["runners"]) if row.get("runners") else {}
-        counts[row["worker_id"]] = {q: (int(s), int(f)) for q, (s, f)
+    for worker in workers:
+        reported = worker.runners or {}
+        counts[worker.worker_id] = {q: (int(s), int(f)) for q, (s, f)
                                     in reported.get("finished", {}).items()}
     return counts
 
@@ -107,14 +109,14 @@ def growth(before: Counts, now: Counts) -> dict[str, tuple[int, int]]:
 class Sampler:
     """Samples every `interval` seconds on its own thread, from `start()` until `close()`."""
 
-    def __init__(self, state_url: str, open_broker: Callable[[], Broker], interval: float,
+    def __init__(self, state_url: str, open_broker: Callable[[], Inspector], interval: float,
                  always: Sequence[str], clock: Callable[[], float] = time.time) -> None:
         self.state_url = state_url
         self.interval = interval
         self.always = tuple(always)
         self.clock = clock
         self._open_broker = open_broker
-        self._broker: Broker | None = None
+        self._broker: Inspector | None = None
         self._store: Store | None = None
         self._counts: Counts | None = None    # the workers' counts at the last sample
         self._failing = False
@@ -140,7 +142,7 @@ class Sampler:
         """One sample; a failure is logged (once until it works again), never raised."""
         try:
             store, broker = self._open()
-            counts = worker_counts(store.rows("workers"))
+            counts = worker_counts(Workers(store).all())
             finished = None if self._counts is None else growth(self._counts, counts)
             sample(store, broker, queues_to_sample(store, self.always), now, self.interval,
                    finished)
@@ -157,7 +159,7 @@ class Sampler:
             log.info("queue sampler: recording queue depth again")
             self._failing = False
 
-    def _open(self) -> tuple[Store, Broker]:
+    def _open(self) -> tuple[Store, Inspector]:
         if self._store is None:
             from conveyor.state import store as stores
             self._store = stores.from_url(self.state_url)

@@ -1,9 +1,12 @@
 """The state store: runs, task instances, edges and attempts, in SQLite or Postgres.
 
 It is the scheduler's only source of truth. The SQL lives in `sql/sqlite.sql` and
-`sql/postgres.sql` (one named query set per database); this module only connects, applies
-the migrations on start, runs named queries and brackets transactions. Callers name the
-query they want, so what each transition does is read in SQL, once per database.
+`sql/postgres.sql` (one named query set per database, the same names and parameters: a test
+compares them); this module only connects, applies the migrations on start, runs named
+queries and brackets transactions. The repositories (`runs.py`, `tasks.py`,
+`monitoring.py`) name the queries and return records (`records.py`); every other module calls
+them, so what each transition does is read in SQL, once per database, and used through
+typed methods.
 """
 
 from __future__ import annotations
@@ -14,27 +17,11 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from conveyor import sqlfiles
-from conveyor.errors import ConfigError, StateStoreUnavailable
-from conveyor.locations import data_dir, path_from_url, redact
+from conveyor import refusals, sqlfiles
+from conveyor.errors import ConfigError, Refused, StateStoreUnavailable
+from conveyor.locations import embedded_state_url, path_from_url, redact, scheme
 
 Row = dict[str, Any]
-
-
-def default_url() -> str:
-    """The embedded default: SQLite beside the default broker's file."""
-    return f"sqlite:///{data_dir() / 'scheduler.db'}"
-
-
-def monitoring_url(broker_url: str, state_url: str) -> str | None:
-    """Where a daemon records what it does for `conveyor status` and the dashboard (a
-    worker's heartbeat, the autoscaler's decisions): the configured state store; with
-    neither a broker nor a state store configured (the embedded default), the default one.
-    A daemon given only a broker URL records nothing: its state store would be a file no
-    one else reads."""
-    if state_url:
-        return state_url
-    return None if broker_url else default_url()
 
 
 class Store:
@@ -181,9 +168,13 @@ class PostgresStore(Store):
         try:
             self._db = psycopg.connect(conninfo, autocommit=True, row_factory=dict_row)
         except psycopg.OperationalError as exc:
+            reason = refusals.postgres(exc)   # a database that does not exist: not an outage
+            if reason:
+                raise Refused(f"the state store: Postgres at {redact(url)} {reason}") from None
             detail = " ".join(str(exc).split())   # one line: psycopg's message has two
             raise StateStoreUnavailable(
-                f"cannot reach the state store {redact(url)}: {detail}") from None
+                f"cannot reach the state store {redact(url)}: {detail}; check that it is "
+                "running, and the host and port in the URL") from None
         self._transaction: Any = None
         self._listening: set[str] = set()
         if self.schema:
@@ -228,11 +219,19 @@ class PostgresStore(Store):
         self._db.close()
 
 
+#: Seconds a connect attempt waits for a server that accepts and never answers (unless the
+#: URL says `?connect_timeout=`).
+CONNECT_TIMEOUT = "10"
+
+
 def _split_schema(url: str) -> tuple[str, str]:
-    """`postgresql://…?schema=x&sslmode=y` -> (`postgresql://…?sslmode=y`, "x")."""
+    """`postgresql://…?schema=x&sslmode=y` -> (`postgresql://…?sslmode=y&connect_timeout=10`,
+    "x")."""
     parts = urlsplit(url)
     options = parse_qsl(parts.query)
     schema = next((v for k, v in options if k == "schema"), "")
+    if not any(k == "connect_timeout" for k, _ in options):   # libpq's default: forever
+        options.append(("connect_timeout", CONNECT_TIMEOUT))
     rest = urlencode([(k, v) for k, v in options if k != "schema"])
     return urlunsplit(parts._replace(query=rest)), schema
 
@@ -241,15 +240,24 @@ def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
+class Repository:
+    """Typed methods over one store's named queries (see `state/runs.py`, `state/tasks.py`,
+    `state/monitoring.py`): the only callers of `Store.rows/one/exec`, so no module above
+    `state/` names a query or reads a row as a dict. Cheap to make: one per use is fine."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+
 def from_url(url: str | None = None) -> Store:
     """The store for `url` (`sqlite:///…`, `postgresql://…`), migrated and ready."""
-    url = url or default_url()
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    url = url or embedded_state_url()
     kinds: dict[str, Callable[[str], Store]] = {
         "sqlite": SQLiteStore, "postgresql": PostgresStore, "postgres": PostgresStore}
-    if scheme not in kinds:
-        raise ConfigError(f"state store URL {redact(url)!r} has an unknown scheme {scheme!r}: "
+    if scheme(url) not in kinds:
+        raise ConfigError(f"state store URL {redact(url)!r} has an unknown scheme "
+                          f"{scheme(url)!r}: "
                           "use sqlite:///path/to/scheduler.db or postgresql://user@host/db")
-    store = kinds[scheme](url)
+    store = kinds[scheme(url)](url)
     store.migrate()
     return store

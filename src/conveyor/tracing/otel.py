@@ -48,6 +48,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from conveyor.context import ContextError, context
 from conveyor.errors import ConfigError
+from conveyor.events import ENDED_WELL
 from conveyor.message import Message
 from conveyor.tracing.ids import TRACEPARENT, TRACESTATE, run_ids, task_instance_ids
 
@@ -307,7 +308,7 @@ class Claim:
 def _set_outcome(span: trace.Span, outcome: str, reason: str,
                  error: Mapping[str, Any]) -> None:
     span.set_attribute("conveyor.outcome", outcome)
-    if outcome == "succeeded":
+    if outcome in ENDED_WELL:
         return
     span.set_status(Status(StatusCode.ERROR, (reason or error.get("message", ""))[:500]))
     if error:

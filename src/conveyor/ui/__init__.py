@@ -28,7 +28,7 @@ How to add a page (say "Workers", in `conveyor/ui/pages/workers.py`)
    Dashboard section)::
 
        def workers_api(ui: Dashboard, request: Request) -> Response:
-           with ui.store() as store:             # pooled; ui.broker() for a broker
+           with ui.store() as store:             # pooled; ui.broker(), ui.limiter()
                return Response.json({"workers": worker_rows(store, time.time())})
 
 3. The page renders HTML with `conveyor.ui.html` (`e()` escapes every value from data;

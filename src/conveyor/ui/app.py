@@ -9,9 +9,11 @@ opened for the request that needs one and closed after it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from conveyor import broker as brokers
+from conveyor import limits
 from conveyor.errors import BrokerError, ConveyorError, StateStoreUnavailable
+from conveyor.limits import Limiter
 from conveyor.locations import redact
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.folder import Loaded, load_folder
@@ -37,9 +41,12 @@ log = logging.getLogger("conveyor.ui")
 #: The page modules, in the order their links appear in the navigation.
 PAGES = (
     "conveyor.ui.pages.runs",
+    "conveyor.ui.pages.tasks",
+    "conveyor.ui.pages.cancel",
     "conveyor.ui.pages.dags",
     "conveyor.ui.pages.deadletters",
     "conveyor.ui.pages.queues",
+    "conveyor.ui.pages.limits",
     "conveyor.ui.pages.workers",
     "conveyor.ui.pages.autoscaler",
     "conveyor.ui.pages.api",
@@ -108,10 +115,29 @@ class Dashboard:
                 return
 
     @contextmanager
-    def broker(self) -> Iterator[brokers.Broker]:
+    def broker(self) -> Iterator[brokers.Administrator]:
         """A broker connection for this request, closed after it."""
         with brokers.from_url(self.config.scheduler.settings.broker_url) as opened:
             yield opened
+
+    @contextmanager
+    def limiter(self) -> Iterator[Limiter]:
+        """Flow control's store (where the workers keep limits), opened for this request;
+        503 when it cannot be reached."""
+        where = self.config.scheduler.settings.stores().limits
+        try:
+            opened = limits.from_url(where)
+            try:
+                yield opened
+            finally:
+                opened.close()
+        except _unreachable() as exc:   # the store's client (redis, psycopg) says why
+            raise HttpError(503, f"cannot read flow-control limits from {redact(where)}: "
+                            f"{exc}") from None
+
+    def scheduler_queues(self) -> tuple[str, str]:
+        """The queues this deployment's schedulers consume: their events and control."""
+        return self.config.scheduler.events_queue, self.config.scheduler.control_queue
 
     def dags(self) -> Loaded:
         """The DAGs of the folder, loaded again only when a file there changed."""
@@ -131,7 +157,7 @@ class Dashboard:
 
     def chrome(self) -> Chrome:
         settings = self.config.scheduler.settings
-        where = (f"state {redact(settings.state_url or stores.default_url())} · broker "
+        where = (f"state {redact(settings.stores().state)} · broker "
                  f"{redact(settings.broker_url or 'embedded SQLite')}")
         return Chrome(self.nav, "" if self.config.token else auth.READ_ONLY, where)
 
@@ -186,6 +212,24 @@ def _static(name: str) -> Response:
         raise HttpError(404, f"no static file {name!r}") from None
     return Response(200, data, STATIC_TYPES[suffix],
                     {"Cache-Control": "public, max-age=86400, immutable"})
+
+
+@functools.cache
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """The errors a limits store's client raises when it cannot be reached (the limiter
+    passes them on as they are)."""
+    found: list[type[BaseException]] = [sqlite3.OperationalError, OSError]
+    try:
+        import redis
+        found += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+    except ImportError:
+        pass
+    try:
+        import psycopg
+        found.append(psycopg.OperationalError)
+    except ImportError:
+        pass
+    return tuple(found)
 
 
 def _stamp(folder: Path) -> tuple[Any, ...]:

@@ -1,7 +1,8 @@
 """Who may change state: the operator's token, sent with a same-origin POST.
 
 Reading needs nothing (bind the server to 127.0.0.1, the default, or put it behind your
-proxy's login). Actions (requeue, purge, trigger, pause) need the token the operator set in
+proxy's login). Actions (retry, clear or mark a task, requeue, purge, trigger, pause, set or
+clear a limit) need the token the operator set in
 `ui_token` / CONVEYOR_UI_TOKEN; with none set the dashboard is read-only and says so.
 
 CSRF: actions are POST only; the token travels in the `X-Conveyor-Token` header (the page's

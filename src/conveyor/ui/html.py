@@ -16,7 +16,7 @@ from urllib.parse import quote, urlencode
 from conveyor.scheduler.runs import iso
 
 #: Bumped when app.js or app.css change, so a browser never runs an old script.
-ASSET_VERSION = "5"
+ASSET_VERSION = "8"
 
 
 def e(value: Any) -> str:
@@ -42,6 +42,24 @@ def badge(state: str | None) -> str:
 def when(ts: float | None) -> str:
     """A time for a table: UTC to the second (the JSON API has the milliseconds)."""
     return "" if ts is None else iso(ts)[:19].replace("T", " ")
+
+
+def age(ts: float, now: float) -> str:
+    """How long ago `ts` was, kept current in the browser (app.js updates `data-since`)."""
+    return (f'<time class="age" datetime="{e(iso(ts))}" data-since="{ts:.3f}">'
+            f"{e(ago(now - ts))}</time>")
+
+
+def ago(elapsed: float) -> str:
+    """A duration as people say it: 42 s, 5 min, 2 h 5 min, 3 d 4 h (app.js: `ago`)."""
+    whole = max(0, int(elapsed))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60} min"
+    return f"{whole // 86400} d {whole % 86400 // 3600} h"
 
 
 def seconds(value: float | None) -> str:
@@ -100,7 +118,7 @@ def page(chrome: Chrome, title: str, body: str, *, active: str = "", poll: str =
 <title>{e(title)} · Conveyor</title>
 <link rel="stylesheet" href="/static/app.css?v={ASSET_VERSION}">
 <script src="/static/app.js?v={ASSET_VERSION}" defer></script>
-</head><body>
+</head><body{' class="read-only"' if chrome.read_only else ""}>
 <header><a class="brand" href="/">Conveyor</a><nav>{links}</nav>
 <span class="live" id="live" hidden>live</span></header>
 {mode}

@@ -31,10 +31,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from conveyor.broker import Broker, Delivery
+from conveyor.broker import Consumer, Delivery
+from conveyor.errors import MessageError
 from conveyor.flow import RATE_RESERVED_HEADER, Spec
 from conveyor.limits import Limiter, Parcel, Usage
 from conveyor.message import Codec, Message
+from conveyor.worker.observers import Observer
+from conveyor.worker.run import Run
 
 log = logging.getLogger("conveyor.worker")
 #: Deliveries claimed at once behind a full key: one limiter transaction parks them all.
@@ -43,14 +46,18 @@ PARK_BATCH = 100
 PARK_SECONDS = 0.5
 
 
-class Gate:
-    """Admission, release, renewal and sweeping for one supervisor (main thread only)."""
+class Gate(Observer):
+    """Admission, release, renewal and sweeping for one supervisor (main thread only).
 
-    def __init__(self, open_limiter: Callable[[], Limiter], broker: Broker, codec: Codec,
+    The supervisor asks it to admit a limited delivery and to park what waits behind a
+    full key; the rest it hears as an observer of each run's life (worker/observers.py):
+    tokens released with the run, renewed every heartbeat, swept on the loop's ticks.
+    It reports `parked` and `unparked` lifecycle events through `tell` (the supervisor's,
+    to its observers), after the store and the broker have the message."""
+
+    def __init__(self, open_limiter: Callable[[], Limiter], broker: Consumer, codec: Codec,
                  on_denied: Callable[[str, str], None] | None = None,
-                 on_usage: Callable[[list[Usage]], None] | None = None,
-                 on_parked: Callable[[Message, str, str], None] | None = None,
-                 on_unparked: Callable[[bytes, str], None] | None = None) -> None:
+                 on_usage: Callable[[list[Usage]], None] | None = None) -> None:
         self._open = open_limiter
         self.broker = broker
         self.codec = codec
@@ -58,10 +65,8 @@ class Gate:
         self.lease = broker.lease_seconds
         self._on_denied = on_denied or (lambda key, verdict: None)
         self._on_usage = on_usage
-        #: told (message, queue, key) of each message parked and (body, queue) of each
-        #: published again, after the store and the broker have them
-        self._on_parked = on_parked or (lambda message, queue, key: None)
-        self._on_unparked = on_unparked or (lambda body, queue: None)
+        #: (kind, message, queue, **fields) of a lifecycle event: set by the supervisor
+        self.tell: Callable[..., None] = lambda kind, message, queue, **fields: None
         self._next_sweep = 0.0
 
     def _store(self) -> Limiter:
@@ -86,7 +91,7 @@ class Gate:
         self._on_denied(decision.key, decision.verdict)
         self.broker.ack_soon(delivery)  # kept or re-published first: the ack may ride along
         if decision.verdict == "parked":
-            self._on_parked(message, delivery.queue, decision.key)
+            self._parked(message, delivery.queue, decision.key)
         return decision.verdict
 
     def park_behind(self, queues: Sequence[str],
@@ -127,7 +132,7 @@ class Gate:
                         " its redelivery is parked only once", delivery.queue)
         for delivery, message, key in parked:
             self._on_denied(key, "parked")
-            self._on_parked(message, delivery.queue, key)
+            self._parked(message, delivery.queue, key)
         if parked:
             log.debug("parked %d of %d claimed behind a full key", len(parked), len(batch))
         return {id(delivery) for delivery, _, _ in parked}
@@ -140,9 +145,33 @@ class Gate:
             log.warning("could not release the limits of %s (%s); they return when their "
                         "lease lapses", holder, exc)
 
+    def unhold(self, key: str, holder: str) -> None:
+        """Give back the unique key `holder` held until its outcome (`UNIQUE_HEADER`)."""
+        try:
+            self._store().unhold(key, holder)
+        except Exception as exc:  # noqa: BLE001 - the store's own errors; the hold still ends
+            log.warning("could not give back unique key %r of %s (%s: %s); it is held until "
+                        "its time to live runs out", key, holder, type(exc).__name__, exc)
+
     def renew(self, held: Sequence[tuple[str, Sequence[Spec]]]) -> None:
         if held:
             self._store().renew(held, time.time(), self.lease)
+
+    # -- as an observer of each run ---------------------------------------------------------
+
+    def released(self, run: Run) -> None:
+        if run.limits:
+            self.release(run.message.id, run.limits)
+
+    def heartbeat(self, runs: Sequence[Run]) -> None:
+        """Renew the tokens the runs hold, as their leases are extended."""
+        held = [(r.message.id, r.limits) for r in runs if r.limits]
+        if not held:
+            return
+        try:
+            self.renew(held)
+        except Exception as exc:  # noqa: BLE001 - the limiter store's own errors
+            log.warning("could not renew limit tokens (%s); they lapse with the lease", exc)
 
     def tick(self, now: float) -> None:
         """Sweep lapsed tokens and lost hand-overs, at most every third of a lease, once
@@ -162,13 +191,38 @@ class Gate:
 
     def _forward(self, parcels: list[Parcel]) -> None:
         """Publish handed-over messages, then tell the store they are out (in that order)."""
-        for p in parcels:
-            self.broker.publish(p.queue, p.body, priority=p.priority)
+        bodies = [self._queued_again(p.body) for p in parcels]
+        for p, body in zip(parcels, bodies, strict=True):
+            self.broker.publish(p.queue, body, priority=p.priority)
         if parcels:
             assert self.limiter is not None
             self.limiter.moved([p.id for p in parcels])
-        for p in parcels:
-            self._on_unparked(p.body, p.queue)
+        for p, body in zip(parcels, bodies, strict=True):
+            self._unparked(body, p.queue)
+
+    def _parked(self, message: Message, queue: str, key: str) -> None:
+        """Tell the message's reply_to that it waits for a slot of `key` (a scheduler then
+        stops its queued timeout, as Airflow's does for a task waiting for a pool)."""
+        self.tell("parked", message, queue, reason=f"waiting for a slot of {key}")
+
+    def _unparked(self, body: bytes, queue: str) -> None:
+        """Tell the reply_to of a message handed a slot that it is queued again."""
+        try:
+            message = self.codec.decode(body)
+        except MessageError:
+            return  # it was parked, so it was read once; a worker that claims it says more
+        self.tell("unparked", message, queue)
+
+    def _queued_again(self, body: bytes) -> bytes:
+        """A parked message handed its slot: its deadline to start (`Message.expires`)
+        starts over now, as the scheduler's queued timeout does on `unparked`. Waiting for
+        a slot is not waiting in the queue."""
+        try:
+            message = self.codec.decode(body)
+        except MessageError:
+            return body  # it was read when parked; whoever claims it dead-letters it
+        return self.codec.encode(message.queued_again(time.time())) if message.expires \
+            else body
 
     def close(self) -> None:
         if self.limiter is not None:

@@ -45,8 +45,8 @@ PR_GET_PDEATHSIG = 2
 PR_GET_DUMPABLE = 3
 PR_SET_DUMPABLE = 4
 
-_libc = ctypes.CDLL(None, use_errno=True)  # loaded once here, not on the per-task fork path
-_prctl = _libc.prctl
+libc = ctypes.CDLL(None, use_errno=True)  # loaded once here, not on the per-task fork path
+_prctl = libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _prctl.restype = ctypes.c_int
 
@@ -86,7 +86,7 @@ def make_non_dumpable() -> None:
 
 def is_dumpable() -> bool:
     """Whether other processes of this uid may read this one through /proc and ptrace."""
-    return _prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1
+    return bool(_prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1)
 
 
 def drop_privileges(uid: int | None, gid: int | None) -> None:
@@ -120,7 +120,8 @@ def drop_privileges(uid: int | None, gid: int | None) -> None:
 
 
 def die_with_parent(death_signal: int = signal.SIGKILL) -> None:
-    """Have the kernel send `death_signal` when our parent dies: no runner outlives it."""
+    """Have the kernel send `death_signal` when our parent dies: no runner outlives it.
+    0 clears it."""
     if _prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0) != 0:
         raise IsolationError(f"prctl(PR_SET_PDEATHSIG) failed: "
                              f"{os.strerror(ctypes.get_errno())}")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 OUTCOMES = ("succeeded", "failed", "oom_killed", "timed_out", "dead_lettered", "retried",
-            "interrupted")
+            "interrupted", "expired", "cancelled", "skipped")
 
 
 class Metrics:
@@ -39,6 +39,11 @@ class Metrics:
 
     def limits(self, usage: Sequence[Any]) -> None:
         """Every key's tokens in use and messages waiting, fleet-wide (`limits.Usage`)."""
+
+    def follow_up(self, queue: str, outcome: str) -> None:
+        """A message a task enqueued through this worker, for `queue`: "published",
+        "refused" (not a valid message) or "failed" (the broker did not take it). Called
+        from the publishing thread (worker/followups.py)."""
 
 
 def metrics_for(port: int) -> Metrics:
@@ -80,6 +85,9 @@ class WorkerMetrics(Metrics):
         self.limit_denials = Counter("conveyor_limit_denied", "Limited messages this worker "
                                      "could not start: parked (key full) or delayed (rate)",
                                      ["key", "verdict"], registry=r)
+        self.follow_ups = Counter("conveyor_follow_ups", "Messages tasks enqueued through "
+                                  "this worker: published, refused or failed",
+                                  ["queue", "outcome"], registry=r)
 
     def record(self, kind: str, queue: str, duration: float | None = None) -> None:
         if kind == "started":
@@ -102,6 +110,9 @@ class WorkerMetrics(Metrics):
 
     def limit_denied(self, key: str, verdict: str) -> None:
         self.limit_denials.labels(key, verdict).inc()
+
+    def follow_up(self, queue: str, outcome: str) -> None:
+        self.follow_ups.labels(queue, outcome).inc()
 
     def limits(self, usage: Sequence[Any]) -> None:
         """A key the store forgot (idle: `limits.base`) loses its series, which would

@@ -5,10 +5,12 @@ before its message is settled; the settle (ack, retry, dead-letter, requeue) the
 the broker, which retries for its `retry_seconds` and then raises `BrokerConnectionError`.
 Instead of that error stopping the worker (and leaving its queues unserved until something
 restarts it), the settle is held here and tried again on every turn of the supervisor's
-loop, oldest first, until the broker answers. A lease that expired meanwhile turns the settle
-into `LeaseLost` (the supervisor logs it): the message is delivered again, a duplicate of a
-task that ran, which at-least-once allows. Whether a long outage should stop the worker
-instead is the operator's choice (`--exit-after-outage`, off by default).
+loop, oldest first, until the broker answers. The loop's calls may block that long; what
+the worker promises by itself (time limits, drain deadlines) is kept by worker/clock.py.
+A lease that expired meanwhile turns the settle into `LeaseLost` (the supervisor logs it):
+the message is delivered again, a duplicate of a task that ran, which at-least-once allows.
+Whether a long outage should stop the worker instead is the operator's choice
+(`--exit-after-outage`, off by default).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ class HeldSettles:
         return len(self._held)
 
     def settle(self, label: str, op: Callable[[], None]) -> None:
-        """Run `op` now, or hold it if the broker stays unreachable (after older ones)."""
+        """Run `op` now, or hold it if the broker stays unreachable. Behind held ones it
+        waits its turn without a try of its own: the loop's `retry` sends them in order,
+        and each try while the broker is away costs a whole `retry_seconds`."""
         if self._held:
             self._held.append((label, op))
-            self.retry()
             return
         try:
             op()

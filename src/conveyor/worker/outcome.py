@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from conveyor.events import ENDED_WELL
 from conveyor.retry import backoff_delay
 
 Kind = Literal["succeeded", "failed", "oom_killed", "timed_out", "killed", "lost",
-               "interrupted", "retry_requested"]
+               "interrupted", "retry_requested", "cancelled", "skipped"]
 #: Outcomes that spend the task's retry budget (a fault of the task itself).
 FAULTS = frozenset({"failed", "oom_killed", "timed_out", "killed", "lost", "retry_requested"})
 
@@ -32,6 +33,7 @@ class Facts:
     hard_timed_out: bool = False
     interrupted: bool = False  # the worker killed it while shutting down
     last_words: str = ""  # the runner's last line of output: why it died unreported
+    cancelled: bool = False  # its cancel (`Client.cancel`) reached it while it ran
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Outcome:
 def classify(facts: Facts) -> Outcome:
     """Exactly one outcome; the cgroup's OOM counter beats any guess from a signal."""
     report = facts.report or {}
+    if facts.cancelled:  # whatever it did once told (stopped, killed, or even finished)
+        return Outcome("cancelled", reason="cancelled while running")
     if facts.interrupted:
         return Outcome("interrupted", reason="the worker stopped before the task finished")
     if facts.oom_killed:
@@ -55,6 +59,8 @@ def classify(facts: Facts) -> Outcome:
     kind = report.get("outcome")
     if kind == "succeeded" and _exited_cleanly(facts.exit_status):
         return Outcome("succeeded", result=report.get("result"))
+    if kind == "skipped":   # it raised Skip, or its command exited with a skip code
+        return Outcome("skipped", reason=report.get("reason", ""))
     if kind in ("failed", "timed_out", "retry_requested"):
         return Outcome(kind, error=report.get("error", {}), reason=report.get("reason", ""),
                        retry_delay=report.get("retry_delay"))
@@ -102,8 +108,8 @@ def decide(outcome: Outcome, attempt: int, budget: Budget, report_only: bool = F
     count bounds them). With `report_only` (the scheduler owns retries) a final failure is
     acked after it is reported, never retried or dead-lettered here.
     """
-    if outcome.kind == "succeeded":
-        return Action("ack")
+    if outcome.kind in ENDED_WELL or outcome.kind == "cancelled":  # never retried
+        return Action("ack", reason=outcome.reason)
     if outcome.kind == "interrupted":
         return Action("requeue", reason=outcome.reason)
     reason = f"{outcome.kind}: {outcome.reason or outcome.error.get('message', '')}".rstrip(": ")
@@ -124,3 +130,18 @@ def over_delivery_cap(delivery_count: int, budget: Budget) -> Action | None:
         return Action("dead_letter", reason=f"delivered {delivery_count} times without an "
                       f"outcome (cap {budget.max_deliveries}): workers keep dying on it")
     return None
+
+
+def exec_report(status: int, skip_codes: Collection[int] = ()) -> dict[str, Any]:
+    """How an exec'd command ended, as a runner report: an exit code in `skip_codes`
+    (`dag.command(..., skip_on_exit_code=99)`, Airflow's BashOperator) means skipped."""
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        return {"outcome": "succeeded", "result": {"exit_code": 0}}
+    if os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        if code in skip_codes:
+            return {"outcome": "skipped",
+                    "reason": f"command exited with code {code} (skip_on_exit_code)"}
+        return {"outcome": "failed", "reason": f"command exited with code {code}",
+                "error": {"type": "CommandFailed", "message": f"exit code {code}"}}
+    return {}

@@ -17,6 +17,7 @@ reacts at once instead of polling.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import queue
@@ -24,22 +25,31 @@ import selectors
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.errors import ConfigError
 from conveyor.worker import frames
-from conveyor.worker.cgroups.base import read_text
+from conveyor.worker.cgroups.base import MemoryCaps, Slot, read_text
+from conveyor.worker.sentinel import Tether, describe
+from conveyor.worker.spawn import Zygote, expect_ready, spawn_zygote
 
 log = logging.getLogger("conveyor.worker")
 #: Lines of a task's output kept for its outcome event, and the characters kept of each:
 #: enough to see why it failed, small enough for any broker's message size.
 LOG_TAIL_LINES, LOG_TAIL_WIDTH = 50, 500
 task_log = logging.getLogger("conveyor.task")
+
+
+class Task(Protocol):
+    """What the pool knows of the task a runner runs: the supervisor's record of it (a
+    `Run`), compared by identity and named in log lines."""
+
+    @property
+    def log_label(self) -> str: ...
 
 
 @dataclass(eq=False)
@@ -51,8 +61,9 @@ class Runner:
     channel: socket.socket
     output: int
     lane: Lane | None = None  # where it was born, and runs its task
-    task: Any = None  # the supervisor's record of the task running here
+    task: Task | None = None  # the supervisor's record of the task running here
     started: float = 0.0
+    ended: float = 0.0  # time.monotonic() when its run was handed over (reported or exited)
     report: dict[str, Any] | None = None
     exec_mode: bool = False
     status: int | None = None  # raw waitpid status once it has exited
@@ -83,7 +94,7 @@ class Lane:
 
     index: int
     control: socket.socket
-    slot: Any  # conveyor.worker.cgroups.Slot: the lane's cgroup (or rlimit fallback)
+    slot: Slot  # the lane's memory cgroup (or the rlimit fallback)
     pid: int = 0
     idle: collections.deque[Runner] = field(default_factory=collections.deque)
     busy: Runner | None = None
@@ -92,64 +103,53 @@ class Lane:
     limit: int | None = None  # the cap written for its last task (cgroups keep it)
 
 
-@dataclass(eq=False)
-class Zygote:
-    """A zygote process started by `spawn_zygote`, not yet known to be ready."""
+class RunnerPool(Protocol):
+    """What the supervisor uses of its runner pool: `Pool`, or a unit test's fake."""
 
-    proc: subprocess.Popen[bytes]
-    control: socket.socket
+    failure: str | None
+    finished: queue.SimpleQueue[Runner]
+    teardown: str  # at what priority a killed worker's runners die (sentinel.describe)
 
-    def discard(self) -> None:
-        """Stop a zygote no pool took (the worker failed to start): it exits when its
-        control socket closes."""
-        self.control.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+    def take(self) -> Runner | None: ...
 
+    def start(self, runner: Runner, task: Task, frame: dict[str, Any],
+              memory_limit: int) -> None: ...
 
-def spawn_zygote(apps: list[str] | tuple[str, ...], env: Mapping[str, str], max_tasks: int,
-                 uid: int | None = None, gid: int | None = None) -> Zygote:
-    """Start the zygote (a fresh interpreter importing `apps`) without waiting for it.
+    def live(self, runner: Runner, task: Task) -> contextlib.AbstractContextManager[bool]: ...
 
-    Its start-up, a few hundred milliseconds of imports and warming, is most of a worker's;
-    started before the supervisor imports the apps and connects to the broker, the two
-    overlap. `Pool` waits for its ready frame."""
-    ours, theirs = frames.pair()
-    argv = [sys.executable, "-m", "conveyor.worker.zygote",
-            "--control-fd", str(theirs.fileno()), "--max-tasks", str(max_tasks)]
-    argv += [f"--app={app}" for app in apps]
-    argv += [f"--uid={uid}"] if uid is not None else []
-    argv += [f"--gid={gid}"] if gid is not None else []
-    try:
-        proc = subprocess.Popen(argv, pass_fds=[theirs.fileno()], env=dict(env),
-                                stderr=subprocess.PIPE)
-    except OSError as exc:
-        ours.close()
-        raise ConfigError(f"cannot start the runner zygote with {sys.executable}: "
-                          f"{exc.strerror} (uid {os.getuid()}); the worker's Python must "
-                          f"be executable by the user the worker runs as") from None
-    finally:
-        theirs.close()
-    return Zygote(proc, ours)
+    def hold(self, connection: socket.socket) -> None: ...
+
+    def usage(self) -> list[tuple[Lane, Task | None, int | None]]: ...
+
+    def oom_killed(self, runner: Runner) -> bool: ...
+
+    def release(self, runner: Runner) -> None: ...
+
+    def abandon(self, runner: Runner) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Pool:
     """Keeps runners forked ahead in every lane and tells the supervisor when runs finish."""
 
     def __init__(self, apps: list[str], env: Mapping[str, str], on_change: Callable[[], None],
-                 limiter: Any, max_tasks_per_child: int = 1, uid: int | None = None,
+                 caps: MemoryCaps, max_tasks_per_child: int = 1, uid: int | None = None,
                  gid: int | None = None, lanes: int = 1, warm: int = 2,
-                 zygote: Zygote | None = None) -> None:
+                 zygote: Zygote | None = None,
+                 on_request: Callable[[socket.socket, dict[str, Any], str | None], None]
+                 | None = None
+                 ) -> None:
         """`zygote`: one `spawn_zygote` started earlier with the same apps, environment,
         tasks per child and user (the worker starts it first thing, so its start-up
-        overlaps the supervisor's own); by default one is started here."""
+        overlaps the supervisor's own); by default one is started here. `on_request`: a
+        runner asks for something besides reporting (a follow-up to publish: see
+        worker/followups.py), called on the watcher thread with its channel, the frame and
+        the log label of the task running there (None: no task, a `worker_process_init`
+        hook asks)."""
         self.on_change = on_change
-        self.limiter = limiter
+        self.on_request = on_request
+        self.caps = caps
         self.max_tasks = max_tasks_per_child
         self.warm = warm
         self._lock = threading.Lock()
@@ -162,6 +162,10 @@ class Pool:
         self._zygote, self._control = self._await_zygote(
             zygote or spawn_zygote(apps, env, max_tasks_per_child, uid, gid))
         self.lanes = [self._open_lane(i) for i in range(lanes)]
+        self._tether = Tether()  # its sentinel kills the runners as this process dies
+        frames.send(self._control, {"op": "sentinel"}, [self._tether.fd])
+        #: for the start line: whether runners die at real-time priority (sentinel.py)
+        self.teardown = describe(self._tether.realtime, uid)
         self._watcher = threading.Thread(target=self._watch, name="runner-watcher", daemon=True)
         self._watcher.start()
         for lane in self.lanes:  # from now on each lane replaces every runner that exits
@@ -173,7 +177,7 @@ class Pool:
     def _await_zygote(zygote: Zygote) -> tuple[subprocess.Popen[bytes], socket.socket]:
         """Wait for the zygote's ready frame; say why it failed to start if it did not."""
         proc, ours = zygote.proc, zygote.control
-        ready = _expect_ready(ours)
+        ready = expect_ready(ours)
         if ready is None:
             proc.wait(10)
             detail = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
@@ -185,7 +189,7 @@ class Pool:
 
     def _open_lane(self, index: int) -> Lane:
         """Fork a lane's fork server into the lane's own cgroup (one migration, at start)."""
-        slot = self.limiter.prepare(f"{os.getpid()}-lane{index}", 0)
+        slot = self.caps.prepare(f"{os.getpid()}-lane{index}", 0)
         ours, theirs = frames.pair()
         procs = str(slot.path / "cgroup.procs") if slot.path is not None else ""
         try:
@@ -193,7 +197,7 @@ class Pool:
                           [theirs.fileno()])
         finally:
             theirs.close()
-        ready = _expect_ready(ours)
+        ready = expect_ready(ours)
         if ready is None:
             raise ConfigError(f"runner lane {index} failed to start: see the log above")
         return Lane(index, ours, slot, pid=ready["pid"], procs_file=procs)
@@ -210,7 +214,7 @@ class Pool:
             self._wanted = True  # the next runner born wakes the supervisor
         return None
 
-    def start(self, runner: Runner, task: Any, frame: dict[str, Any], memory_limit: int) -> None:
+    def start(self, runner: Runner, task: Task, frame: dict[str, Any], memory_limit: int) -> None:
         """Cap the lane for this task, note its OOM counter, and hand the runner the task."""
         lane = runner.lane
         assert lane is not None
@@ -229,11 +233,34 @@ class Pool:
             runner.tail.clear()
             try:
                 frames.send_task(runner.channel, frame)
-            except OSError:
+            except (OSError, frames.FrameTooLarge):
                 runner.task = None
                 raise
 
-    def usage(self) -> list[tuple[Lane, Any, int | None]]:
+    @contextlib.contextmanager
+    def live(self, runner: Runner, task: Task) -> Iterator[bool]:
+        """Whether `runner` still runs `task`, held true for the `with` block (from any
+        thread): a signal sent inside reaches that run, never a runner whose run is over
+        nor a pidfd closed meanwhile. Keep the block short: the watcher waits for it."""
+        with self._lock:
+            yield runner.task is task and not runner.handed_over
+
+    def hold(self, connection: socket.socket) -> None:
+        """Have the zygote keep a duplicate of `connection` open until every runner is gone.
+
+        Given the broker connection whose close makes the broker redeliver at once
+        (RabbitMQ): if this process is SIGKILLed, its own descriptor closes before any
+        other process can learn of the death, and without the duplicate the broker would
+        hand the message to another worker while this one's runner still ran. Only the
+        zygote holds it: lanes close it right after their fork, and runners are forked by
+        lanes. A deliberate close still ends the connection: pika shuts the socket down
+        before closing it, which ends it whoever else holds it. Thread-safe (one send)."""
+        try:
+            frames.send(self._control, {"op": "hold"}, [connection.fileno()])
+        except OSError:
+            return  # the zygote is gone: the watcher has seen it and stops the worker
+
+    def usage(self) -> list[tuple[Lane, Task | None, int | None]]:
         """(lane, the task it runs or None, bytes charged to its cgroup now) for each lane.
 
         Safe from any thread (the worker registry's heartbeat reads it); the memory is read
@@ -293,6 +320,7 @@ class Pool:
             self._zygote.kill()
             self._zygote.wait()
         self._watcher.join(timeout=5)
+        self._tether.close()
         for lane in self.lanes:
             lane.slot.destroy()
 
@@ -331,10 +359,14 @@ class Pool:
             self._on_output(target)
 
     def _on_zygote(self) -> None:
-        """The zygote only speaks again if a lane died or it is going away: both are fatal."""
+        """The zygote only speaks again if a lane or the sentinel died, or it is going away:
+        all are fatal (without its sentinel, a killed worker's runners outlive it by its
+        teardown; see sentinel.py)."""
         frame = frames.recv(self._control)
         if not self._stopping:
-            what = "exited" if frame is None else f"reported a lane {frame}"
+            what = "exited" if frame is None else (
+                f"reported that its {frame.get('role', 'lane')} (pid {frame.get('pid')}) "
+                f"exited: {describe_status(frame.get('status'))}")
             log.error("the runner zygote %s; stopping the worker", what)
             self._fail(f"the runner zygote {what}")
 
@@ -378,10 +410,7 @@ class Pool:
         runner.status = status
         lane = runner.lane
         assert lane is not None
-        with self._lock:
-            hand_over = runner.task is not None and not runner.handed_over
-            runner.handed_over = runner.handed_over or hand_over
-        if hand_over:
+        if self._hand_over(runner):
             self.finished.put(runner)
             self.on_change()
             return
@@ -394,12 +423,21 @@ class Pool:
             _close(runner)
 
     def _on_channel(self, runner: Runner) -> None:
-        frame = frames.recv(runner.channel)
+        try:
+            frame = frames.recv(runner.channel)
+        except frames.BadFrame as exc:
+            self._garbled(runner, exc)
+            return
         if frame is None:
             self._unregister_one(runner.channel)
             return
         if frame.get("mode") == "exec":
             runner.exec_mode = True
+            return
+        if "op" in frame:  # a request of the running task, not its report
+            if self.on_request is not None:
+                task = runner.task
+                self.on_request(runner.channel, frame, None if task is None else task.log_label)
             return
         runner.report = frame
         runner.tasks_done += 1
@@ -407,14 +445,22 @@ class Pool:
             # Its last task: it sends nothing more but exits, and `_on_exited` drains the
             # channel anyway, so stop watching it now rather than wake up for its EOF.
             self._unregister_one(runner.channel)
-        if runner.task is not None and not runner.handed_over:
+        if self._hand_over(runner):
             # A run ends with its report: the runner sends nothing after it but its exit, so
             # a fresh runner's exit and reaping stay off the slot's path (the lane's next
             # runner is already forked). Its output came first: log it under the task.
-            runner.handed_over = True
             self._drain_output(runner)
             self.finished.put(runner)
             self.on_change()
+
+    def _hand_over(self, runner: Runner) -> bool:
+        """Mark the runner's run over, once (its report or its exit, whichever comes first),
+        and when: its duration ends here, not when the supervisor gets to it."""
+        with self._lock:  # `live` must not signal a runner whose run is over
+            if runner.task is None or runner.handed_over:
+                return False
+            runner.handed_over, runner.ended = True, time.monotonic()
+            return True
 
     def _drain_channel(self, runner: Runner) -> None:
         """Read a report sent just before exiting, which may still sit in the socket."""
@@ -423,10 +469,25 @@ class Pool:
             while (frame := frames.recv(runner.channel)) is not None:
                 if frame.get("mode") == "exec":
                     runner.exec_mode = True
-                else:
+                elif "op" not in frame:  # a dead task's last request has nobody to answer
                     runner.report = frame
         except BlockingIOError:
             return
+        except frames.BadFrame as exc:
+            self._garbled(runner, exc)
+
+    def _garbled(self, runner: Runner, exc: frames.BadFrame) -> None:
+        """A task wrote to its runner's channel what is not a frame: the runner is killed
+        and its task fails saying so (the worker and its other runners go on)."""
+        self._unregister_one(runner.channel)
+        label = runner.task.log_label if runner.task is not None else "no task"
+        log.warning("runner %d (%s) wrote to its channel what is not a frame (%s): killed",
+                    runner.pid, label, exc)
+        if runner.task is not None and not runner.handed_over:
+            runner.report = {"outcome": "failed", "reason": f"the task wrote to its runner's "
+                             f"channel what is not a frame ({exc}); the runner was killed",
+                             "error": {"type": "BadFrame", "message": str(exc)}}
+        runner.signal(signal.SIGKILL)
 
     def _on_output(self, runner: Runner) -> None:
         try:
@@ -454,7 +515,8 @@ class Pool:
         runner._partial = b""
 
     def _log_line(self, runner: Runner, line: bytes) -> None:
-        label = getattr(runner.task, "log_label", f"runner={runner.pid}")
+        task = runner.task
+        label = task.log_label if task is not None else f"runner={runner.pid}"
         runner.last_line = line.decode(errors="replace")
         runner.tail.append(runner.last_line[:LOG_TAIL_WIDTH])
         task_log.info("%s %s", label, runner.last_line)
@@ -476,17 +538,6 @@ class Pool:
             self._selector.unregister(fileobj)
         except (KeyError, ValueError):
             return
-
-
-def _expect_ready(control: socket.socket) -> dict[str, Any] | None:
-    """The first frame of a fork server: {"op": "ready", "pid": P}, or None if it died."""
-    control.settimeout(60)
-    try:
-        frame = frames.recv(control)
-    except TimeoutError:
-        frame = None
-    control.settimeout(None)
-    return frame if frame is not None and frame.get("op") == "ready" else None
 
 
 def _kill_leftovers(lane: Lane, runners: set[int]) -> None:

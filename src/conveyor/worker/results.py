@@ -60,14 +60,15 @@ class ResultKeeper:
             return Action("requeue", reason=f"result not stored: {exc}")
         return action
 
-    def dead_lettered(self, message: Message, reason: str) -> None:
-        """Record a message quarantined before it ran (unknown task, crash loop)."""
+    def unrun(self, message: Message, status: str, reason: str) -> None:
+        """Record a message that ends without running: quarantined ("dead_lettered":
+        unknown task, crash loop), past its deadline to start ("expired") or cancelled."""
         try:
-            self.put(message, ResultRecord("dead_lettered", reason=reason, task=message.label,
+            self.put(message, ResultRecord(status, reason=reason, task=message.label,
                                            attempt=message.attempt))
         except ConveyorError as exc:
-            log.error("could not store the dead-lettering of %s %s: %s", message.label,
-                      message.id, exc)
+            log.error("could not store that %s %s %s: %s", message.label, message.id, status,
+                      exc)
 
     def put(self, message: Message, record: ResultRecord) -> None:
         if self._store is None:
@@ -85,6 +86,10 @@ def final_record(message: Message, outcome: Outcome, action: Action) -> ResultRe
     task, attempt = message.label, message.attempt
     if action.verb == "ack" and outcome.kind == "succeeded":
         return ResultRecord("succeeded", value=outcome.result, task=task, attempt=attempt)
+    if action.verb == "ack" and outcome.kind == "skipped":
+        return ResultRecord("skipped", reason=outcome.reason, task=task, attempt=attempt)
+    if action.verb == "ack" and outcome.kind == "cancelled":
+        return ResultRecord("cancelled", reason=outcome.reason, task=task, attempt=attempt)
     if action.verb != "dead_letter":
         return None
     status = "failed" if outcome.error else "dead_lettered"

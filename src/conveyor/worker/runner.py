@@ -4,8 +4,9 @@ A runner is forked ahead of need by the zygote, so a task never waits for a fork
 user code runs it is non-dumpable (no /proc/<pid>/mem, environ or ptrace for siblings of
 the same uid), dies with its parent, holds only its own channel and output pipe, and lives
 in an environment that never held the worker's secrets (the zygote was exec'd with a
-scrubbed environment). The supervisor moves it into its task's memory cgroup before sending
-the task; the runner then drops to the configured uid/gid and runs the task.
+scrubbed environment). It is born inside its lane's memory cgroup (one per slot, capped for
+each task as it starts: worker/pool.py); the runner drops to the configured uid/gid and runs
+the task.
 
 Shell-command workloads are exec'd in place, inside the same cgroup and uid. exec resets
 dumpability for a plain binary, so an exec'd command IS readable by other processes of its
@@ -26,10 +27,10 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from conveyor.context import TaskContext, context
-from conveyor.errors import UnknownTask
-from conveyor.tasks import PROCESS_INIT, Retry, SoftTimeLimitExceeded, lookup
+from conveyor.errors import Cancelled, UnknownTask
+from conveyor.tasks import PROCESS_INIT, Retry, Skip, SoftTimeLimitExceeded, lookup
 from conveyor.tracing import TRACEPARENT
-from conveyor.worker import frames, isolation
+from conveyor.worker import followups, frames, isolation
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
         if os.getppid() == 1:  # the zygote died before we asked: nobody to run for
             os._exit(0)
         _prepare(channel, output_fd)
+        followups.install(channel)  # what a task enqueues, its worker publishes
         init_failure = _process_init(config)
         for _ in range(config.max_tasks):
             frame = frames.recv_task(channel)
@@ -59,13 +61,25 @@ def runner_main(channel: socket.socket, output_fd: int, config: RunnerConfig) ->
             report = init_failure or run_frame(frame, channel)
             sys.stdout.flush()  # its output before its report: the supervisor logs it under
             sys.stderr.flush()  # the task, then hands the run over when the report arrives
-            frames.send(channel, report)
+            _send_report(channel, report)
     except isolation.IsolationError as exc:
         _refuse(exc)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _send_report(channel: socket.socket, report: dict[str, Any]) -> None:
+    """The report, or, if the channel cannot carry it (a result of megabytes), a failure
+    that says so: never an exit without a word, which reads as a lost runner."""
+    try:
+        frames.send(channel, report)
+    except frames.FrameTooLarge as exc:
+        frames.send(channel, {"outcome": "failed", "error": _error(exc),
+                              "reason": f"the task's report is too large for its worker: "
+                                        f"{exc}; return a reference (a path or URL) to "
+                                        f"large data instead"})
 
 
 EX_OSERR = 71  # sysexits.h: an operating-system error (here: the runner could not isolate)
@@ -122,11 +136,15 @@ def prepare_lane() -> None:
     fault for every page that touches (measured: the two line-buffered text files and the
     signal set-up were ~0.5 ms of a fresh runner's CPU). The text files wrap descriptors 1
     and 2, which each runner points at its own output pipe before any task runs; the lane
-    itself never writes to them. SIGUSR1 is only ever sent to a runner running a task.
+    itself never writes to them. SIGUSR1 (the soft time limit) and SIGUSR2 (a cancel) are
+    only ever sent to a runner running a task. The default client a task enqueues through
+    is built here too, without its channel (followups.prepare).
     """
     global _devnull
     _devnull = os.open(os.devnull, os.O_RDONLY)
     signal.signal(signal.SIGUSR1, _soft_time_limit)
+    signal.signal(signal.SIGUSR2, _cancelled)
+    followups.prepare()  # each runner only gives it its channel (followups.install)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - line-buffered log
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
@@ -135,7 +153,7 @@ def _prepare(channel: socket.socket, output_fd: int) -> None:
     """Non-dumpable, stdin /dev/null, stdout and stderr to its output pipe, no other
     descriptor. Signals are as the zygote and the lane left them: SIGINT and SIGTERM
     ignored (Ctrl-C is for the supervisor; drains let running tasks finish), SIGCHLD the
-    default, SIGUSR1 the soft time limit (prepare_lane)."""
+    default, SIGUSR1 the soft time limit and SIGUSR2 a cancel (prepare_lane)."""
     isolation.make_non_dumpable()
     if _devnull < 0:
         prepare_lane()
@@ -169,6 +187,11 @@ def _soft_time_limit(signum: int, frame: FrameType | None) -> None:
     raise SoftTimeLimitExceeded("soft time limit passed: finish or clean up now")
 
 
+def _cancelled(signum: int, frame: FrameType | None) -> None:
+    raise Cancelled("this task was cancelled: clean up and return (it is killed after the "
+                    "worker's --cancel-grace)")
+
+
 def run_frame(frame: dict[str, Any], channel: socket.socket) -> dict[str, Any]:
     """Run one task frame and return the report frame; with a trace context in the frame,
     the report says when the task started and ended (the supervisor emits the run span:
@@ -191,11 +214,15 @@ def _run_task(message: dict[str, Any], channel: socket.socket) -> dict[str, Any]
         return {"outcome": "succeeded", "result": _json_safe(result)}
     except UnknownTask as exc:
         return {"outcome": "unknown_task", "reason": str(exc)}
+    except Skip as exc:
+        return {"outcome": "skipped", "reason": str(exc)}
     except Retry as exc:
         return {"outcome": "retry_requested", "reason": str(exc), "retry_delay": exc.delay,
                 "error": _error(exc)}
     except SoftTimeLimitExceeded as exc:
         return {"outcome": "timed_out", "reason": "soft time limit passed", "error": _error(exc)}
+    except Cancelled as exc:  # the supervisor knows: the outcome is its to say
+        return {"outcome": "cancelled", "error": _error(exc)}
     except BaseException as exc:  # noqa: BLE001 - any task failure becomes a report
         return {"outcome": "failed", "error": _error(exc)}
 

@@ -2,129 +2,95 @@
 
 It holds at most `concurrency` deliveries (so a long task never keeps short ones waiting in a
 prefetch buffer; on RabbitMQ `--read-ahead` lets up to READ_AHEAD more wait in the
-connection, handed out only when a slot frees), hands each to a runner forked ahead of need,
+connection, and on Postgres a worker running short tasks claims that many more at once,
+handed out only when a slot frees), hands each to a runner forked ahead of need,
 watches the runner (reports, exit status, cgroup OOM counter, time limits), and settles the
 message only after the outcome event is published: ack, retry later with backoff, requeue,
 or dead-letter.
 
-Its main thread blocks on the broker; the pool's watcher thread wakes it (`broker.wakeup`)
-when a runner finishes, and signal handlers do the same for SIGTERM/SIGINT. Everything
-that touches the broker happens on the main thread.
+Its main thread blocks on the broker; the pool's watcher thread has it woken
+(`broker.wakeup`, on a thread of its own: worker/waker.py) when a runner finishes, and
+signal handlers do the same for SIGTERM/SIGINT. Everything
+that touches the broker happens on the main thread. Nothing the worker promises by itself
+waits for it: time limits, the drain deadline and a cold stop are timers on the worker's
+clock (worker/clock.py), and a run's duration ends when its runner reports or exits, so a
+broker call that hangs through an outage delays settles, never a kill.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
-import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-from conveyor import tracing
-from conveyor.broker import Broker, Delivery
-from conveyor.errors import BrokerConnectionError, ConveyorError, LeaseLost, MessageError
-from conveyor.events import Event
-from conveyor.flow import LIMITS_HEADER, Spec, limits_of
-from conveyor.limits import Limiter
-from conveyor.message import Codec, Message
+from conveyor.broker import Consumer, Delivery
+from conveyor.control.watch import CancelWatch
+from conveyor.errors import BrokerConnectionError, ConveyorError, LeaseLost
+from conveyor.events import ENDED_WELL
+from conveyor.message import Codec, Message, skip_codes
 from conveyor.signals import SignalThread
-from conveyor.tasks import REGISTRY
-from conveyor.worker import cgroups
+from conveyor.worker.cancelling import Canceller
+from conveyor.worker.cgroups import MemoryCaps
+from conveyor.worker.clock import Clock
+from conveyor.worker.config import WorkerConfig
 from conveyor.worker.flow import Gate
-from conveyor.worker.isolation import scrub_environment
-from conveyor.worker.metrics import Metrics
+from conveyor.worker.followups import Publisher
+from conveyor.worker.frames import FrameTooLarge
+from conveyor.worker.intake import Intake
+from conveyor.worker.observers import Observer, Observers
 from conveyor.worker.outage import HeldSettles
 from conveyor.worker.outcome import (
     Action,
-    Budget,
     Facts,
     Outcome,
     classify,
     decide,
-    over_delivery_cap,
+    exec_report,
 )
-from conveyor.worker.pool import Pool, Runner, Zygote
-from conveyor.worker.results import ResultKeeper, wanted
+from conveyor.worker.pool import Runner, RunnerPool
+from conveyor.worker.run import Run, slots
+from conveyor.worker.terms import limits_for, wire_of
+from conveyor.worker.waker import Waker
 
 log = logging.getLogger("conveyor.worker")
-#: RabbitMQ deliveries a worker may hold beyond its slots by default (`--read-ahead`). On a
-#: quorum queue the next push comes 1-1.3 ms after an ack (a Raft commit) and in bursts, so
-#: a supervisor starting a short task every ~0.5 ms needs several at hand; with 1 its slots
-#: waited for the broker 40% of the time (3 messages in flight), with 8 about 4%.
-READ_AHEAD = 8
 
 
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything `conveyor worker` was told; see `conveyor.worker.cli` for the flags."""
-
-    queues: tuple[str, ...] = ("default",)
-    concurrency: int = 2
-    apps: tuple[str, ...] = ()
-    memory_limit: int = 0
-    max_tasks_per_child: int = 1
-    read_ahead: int = READ_AHEAD  # see Broker.consume(ahead=...): RabbitMQ only
-    time_limit: float = 0.0
-    soft_time_limit: float = 0.0
-    soft_grace: float = 10.0
-    uid: int | None = None
-    gid: int | None = None
-    hostname: str = field(default_factory=socket.gethostname)
-    heartbeat_interval: float = 10.0
-    drain_timeout: float = 30.0
-    burst: bool = False
-    metrics_port: int = 0
-    max_retries: int = 3
-    max_deliveries: int = 20
-    exit_after_outage: float = 0.0  # seconds the broker may stay away; 0: ride out any outage
-    retry_backoff: float = 1.0
-    retry_backoff_max: float = 300.0
+#: How a supervisor gets its runner pool: called once, with what the pool calls when a
+#: runner is ready or a run finished (from its watcher thread). worker/cli.py builds the
+#: real one; a unit test hands in a fake.
+PoolFactory = Callable[[Callable[[], None]], RunnerPool]
 
 
-@dataclass(eq=False)
-class Run:
-    """One delivery this worker holds, from acceptance to settlement."""
-
-    delivery: Delivery
-    message: Message
-    budget: Budget
-    accepted: float = field(default_factory=time.monotonic)
-    started: float = 0.0
-    soft_at: float = math.inf
-    hard_at: float = math.inf
-    hard_timed_out: bool = False
-    interrupted: bool = False
-    runner: Runner | None = None
-    limits: list[Spec] = field(default_factory=list)
-    trace: Any = None  # its spans (a tracing.otel.Claim) while tracing is on
-
-    @property
-    def log_label(self) -> str:
-        m = self.message
-        return f"task={m.label} id={m.id} attempt={m.attempt}" + (
-            f" run={m.run_id}" if m.run_id else "")
-
-
-class Supervisor:
-    def __init__(self, config: WorkerConfig, broker: Broker, codec: Codec,
-                 metrics: Metrics | None = None, results: ResultKeeper | None = None,
-                 limiter: Callable[[], Limiter] | None = None,
-                 zygote: Zygote | None = None) -> None:
+class Supervisor(Intake):
+    def __init__(self, config: WorkerConfig, broker: Consumer, codec: Codec, *,
+                 pool: PoolFactory, caps: MemoryCaps, followups: Publisher,
+                 observers: Sequence[Observer] = (), gate: Gate | None = None,
+                 cancels: CancelWatch | None = None) -> None:
+        """`pool` builds the runner pool (worker/pool.py), whose lanes `caps` caps (one
+        memory cgroup per lane: worker/cgroups); the supervisor closes both when it stops.
+        `followups` publishes what tasks enqueue (worker/followups.py), on a broker
+        connection of its own: this one is the main thread's alone. `observers` follow
+        each delivery's life, hook by hook in this order (tracing, results, metrics,
+        lifecycle events: worker/observers.py); `gate` admits limited messages and
+        observes the runs after them, last (worker/flow.py; None: no limiter here).
+        `cancels`: what was cancelled (conveyor/control), started here on its own thread
+        (`CancelWatch.start_behind`): its first read (100-200 ms at load 6-21 on RabbitMQ)
+        overlaps the pool's start-up, and `run` waits for it before the first delivery
+        (worker/cancelling.py)."""
         self.config = config
-        self.results = results
+        self.followups = followups
         self.broker = broker
         self.codec = codec
-        self.metrics = metrics or Metrics()
-        self.limiter = cgroups.detect()
-        self.gate = Gate(limiter, broker, codec, self.metrics.limit_denied,
-                         self.metrics.limits if self.metrics.wants_limits else None,
-                         self._parked, self._unparked) if limiter is not None else None
+        self.caps = caps
+        self.gate = gate
+        if gate is not None:
+            gate.tell = self._tell  # its parked and unparked events
+        self.observers = Observers([*observers, *([gate] if gate is not None else [])])
         self.pending: deque[Run] = deque()
         #: deliveries a park batch claimed and left alone (worker/flow.py), handed to
         #: `_accept` before the broker's next; never more than the slots free at the time
@@ -139,11 +105,21 @@ class Supervisor:
         self._next_heartbeat = time.monotonic() + config.heartbeat_interval
         self._pool_changed = threading.Event()
         self._in_broker_wait = False
+        self._waker = Waker(self._wake_broker)
         self._signals: SignalThread | None = None  # acts on SIGTERM/SIGINT: conveyor.signals
         self._consuming = False
-        self.pool = Pool(list(config.apps), scrub_environment(os.environ), self._on_pool_change,
-                         self.limiter, config.max_tasks_per_child, config.uid, config.gid,
-                         lanes=config.concurrency, zygote=zygote)
+        if cancels is not None:
+            cancels.start_behind()  # read while the pool starts; `run` waits for it
+        try:
+            self.pool = pool(self._on_pool_change)
+        except BaseException:
+            if cancels is not None:
+                cancels.close()
+            raise
+        self.clock = Clock(self._on_pool_change)  # after the pool, which may fail to start
+        self.cancels = Canceller(cancels, self.pool, self.clock, config.cancel_grace,
+                                 lambda: list(self.running))
+        broker.hold_connections_with(self.pool.hold)  # no redelivery while a runner lives
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -151,8 +127,10 @@ class Supervisor:
         """Consume until told to stop (or, with --burst, until the queues are empty)."""
         self._signals = SignalThread({signal.SIGTERM: self._on_stop_signal,
                                       signal.SIGINT: self._on_stop_signal})
-        log.info("worker %s consuming %s with %d slots; memory caps: %s", self.config.hostname,
-                 ",".join(self.config.queues), self.config.concurrency, self.limiter.describe())
+        self.cancels.ready()  # before the first delivery: it must know what to refuse
+        log.info("worker %s consuming %s with %d slots; memory caps: %s; runner teardown: %s",
+                 self.config.hostname, ",".join(self.config.queues), self.config.concurrency,
+                 self.caps.describe(), self.pool.teardown)
         steps = self.broker.consume(list(self.config.queues), prefetch=self.config.concurrency,
                                     timeout=min(1.0, self.config.heartbeat_interval),
                                     ahead=self.config.read_ahead)
@@ -160,8 +138,9 @@ class Supervisor:
             while True:
                 self.held.retry()
                 delivery = self._next(steps)
-                if self.pool.failure:
-                    raise ConveyorError(f"worker stopping: {self.pool.failure}")
+                failure = self.pool.failure or self.clock.failure
+                if failure:
+                    raise ConveyorError(f"worker stopping: {failure}")
                 if delivery is not None:
                     self._accept(delivery)
                 self._settle_finished()
@@ -180,7 +159,8 @@ class Supervisor:
             self._give_back_spare("the worker is draining")
         if len(self.running) + len(self.pending) >= self.config.concurrency \
                 or self.draining_since is not None:
-            self._pool_changed.wait(timeout=min(1.0, self.config.heartbeat_interval))
+            self._pool_changed.wait(timeout=min(1.0, self.config.heartbeat_interval,
+                                                self._send_owed()))
             self._pool_changed.clear()
             return None
         if self.spare:
@@ -195,9 +175,34 @@ class Supervisor:
             self._in_broker_wait = False
             self._pool_changed.clear()
 
+    def _send_owed(self) -> float:
+        """While the loop does not step the broker: send the acks it deferred to its next
+        claim once they are due (Broker.owed_for), and give back what it claimed ahead if
+        draining; seconds until the next are due. A pool change wakes it, as in a broker
+        wait, should the broker be away."""
+        due = self.broker.owed_for
+        draining = self.draining_since is not None and self.broker.claimed_ahead > 0
+        if (due is None or due > 0) and not draining:
+            return float("inf") if due is None else due
+        self._in_broker_wait = True
+        try:
+            self.broker.send_owed()
+            if draining:
+                self.broker.give_back_claimed()
+        finally:
+            self._in_broker_wait = False
+        due = self.broker.owed_for
+        return float("inf") if due is None else due
+
     def _on_pool_change(self) -> None:
-        """Called by the pool's watcher thread when a runner is ready or a run finished."""
+        """Called by the pool's watcher thread when a runner is ready or a run finished (and
+        by the clock and the signal thread): the broker is woken on the waker's thread, as
+        a wake-up may wait on an unreachable broker (worker/waker.py)."""
         self._pool_changed.set()
+        if self._in_broker_wait:
+            self._waker.request()
+
+    def _wake_broker(self) -> None:
         if self._in_broker_wait:
             self.broker.wakeup()
 
@@ -222,157 +227,32 @@ class Supervisor:
         if self.held:
             log.warning("stopping with %d settle(s) the broker never took: those messages are "
                         "delivered again", len(self.held))
+        self.clock.close()
+        self.cancels.close()
         self.pool.close()
-        self.limiter.close()
+        self._waker.close()
+        self.followups.close()
+        self.caps.close()
         if self._signals is not None:
             self._signals.close()
-        if self.gate is not None:
-            self.gate.close()
+        self.observers.close()
         self.broker.close()
-        if self.results is not None:
-            self.results.close()
         log.info("worker %s stopped", self.config.hostname)
-
-    # -- accepting deliveries -------------------------------------------------------------
-
-    def _accept(self, delivery: Delivery) -> None:
-        """Decode and vet a delivery; bad input is dead-lettered at once, never retried."""
-        try:
-            message = self.codec.decode(delivery.body)
-        except MessageError as exc:
-            self._reject(delivery, f"bad message: {exc}")
-            return
-        budget = self._budget(message)
-        why = self._unrunnable(delivery, message, budget)
-        if why is not None:
-            self._reject(delivery, why, message)
-            return
-        message = replace(message, deliveries=delivery.delivery_count)
-        limits = self._limits_of(delivery, message)
-        if limits is None:
-            return
-        run = Run(delivery, message, budget, limits=limits)
-        tracer = tracing.current()
-        if tracer is not None:
-            run.trace = tracer.claimed(message, delivery.queue, self.config.hostname)
-        self.pending.append(run)
-
-    @staticmethod
-    def _unrunnable(delivery: Delivery, message: Message, budget: Budget) -> str | None:
-        """Why a readable delivery is dead-lettered before it runs (its delivery cap is
-        spent, or no --app registers its task); None if it may run."""
-        capped = over_delivery_cap(delivery.delivery_count, budget)
-        if capped is not None:
-            return capped.reason
-        if message.task and message.task not in REGISTRY:
-            return f"unknown task {message.task!r}: no module given with --app registers it"
-        return None
-
-    def _limits_of(self, delivery: Delivery, message: Message) -> list[Spec] | None:
-        """The message's limits once admitted ([] when it has none); None when it was
-        parked, delayed or rejected instead (see worker/flow.py)."""
-        if LIMITS_HEADER not in message.headers:
-            return []  # the unlimited path: the limiter's store is never touched
-        try:
-            specs = limits_of(message.headers)
-        except (ValueError, KeyError, TypeError) as exc:
-            self._reject(delivery, f"bad limits header: {exc}", message)
-            return None
-        if self.gate is None:
-            log.warning("%s has limits but this worker has no limiter: running it unlimited",
-                        message.id)
-            return []
-        try:
-            verdict = self.gate.admit(delivery, message, specs)
-        except LeaseLost as exc:
-            log.warning("%s: %s", message.id, exc)
-            return None
-        except Exception as exc:  # noqa: BLE001 - the limiter store's own errors
-            log.error("could not admit %s through its limits (%s); it is given back",
-                      message.id, exc)
-            self.held.settle(f"giving back {message.id}",
-                             lambda: self.broker.retry_later(delivery, 1.0))
-            return None
-        if verdict == "parked":
-            self._park_behind()  # parked and acked: this delivery is settled
-        return specs if verdict == "run" else None
-
-    def _park_behind(self) -> None:
-        """Its key is full: park what waits behind it in batches (worker/flow.py). Of the
-        deliveries left alone, keep as many as there are free slots for `_accept`; give the
-        rest back at once, so that an idle worker runs them instead of this one's queue."""
-        assert self.gate is not None
-        left = self.gate.park_behind(self.config.queues, self._parkable)
-        free = self.config.concurrency - len(self.running) - len(self.pending) - len(self.spare)
-        self.spare.extend(left[:max(free, 0)])
-        for delivery in left[max(free, 0):]:
-            self._give_back(delivery, "no free slot")
-
-    def _parkable(self, delivery: Delivery) -> tuple[Message, list[Spec]] | None:
-        """A delivery's message and limits if a park batch may park it; None for anything
-        `_accept` must see (unreadable, unlimited, over its cap, an unknown task)."""
-        try:
-            message = self.codec.decode(delivery.body)
-            specs = limits_of(message.headers)
-        except (MessageError, ValueError, KeyError, TypeError):
-            return None
-        if not specs or self._unrunnable(delivery, message, self._budget(message)):
-            return None
-        return message, specs
-
-    def _give_back_spare(self, why: str) -> None:
-        while self.spare:
-            self._give_back(self.spare.popleft(), why)
-
-    def _give_back(self, delivery: Delivery, why: str) -> None:
-        """Return an unstarted delivery to its queue, ready at once."""
-        def op() -> None:
-            try:
-                self.broker.retry_later(delivery, 0.0)
-            except LeaseLost:
-                pass  # its lease lapsed: it is someone else's now
-        self.held.settle(f"giving back a message of {delivery.queue} ({why})", op)
-
-    def _parked(self, message: Message, queue: str, key: str) -> None:
-        """Tell the message's reply_to that it waits for a slot of `key` (a scheduler then
-        stops its queued timeout, as Airflow's does for a task waiting for a pool)."""
-        self._tell("parked", message, queue, reason=f"waiting for a slot of {key}")
-
-    def _unparked(self, body: bytes, queue: str) -> None:
-        """Tell the reply_to of a message handed a slot that it is queued again."""
-        try:
-            message = self.codec.decode(body)
-        except MessageError:
-            return  # it was parked, so it was read once; a worker that claims it says more
-        self._tell("unparked", message, queue)
-
-    def _budget(self, message: Message) -> Budget:
-        c = self.config
-        task = REGISTRY.get(message.task)
-        retries = message.max_retries if message.max_retries >= 0 else (
-            task.options.max_retries if task else c.max_retries)
-        backoff = task.options.retry_backoff if task else c.retry_backoff
-        cap = task.options.retry_backoff_max if task else c.retry_backoff_max
-        return Budget(retries, c.max_deliveries, backoff, cap)
-
-    def _reject(self, delivery: Delivery, reason: str, message: Message | None = None) -> None:
-        log.warning("dead-lettering a message from %s: %s", delivery.queue, reason)
-        if message is not None:
-            self._tell("dead_lettered", message, delivery.queue, reason=reason)
-            tracer = tracing.current()
-            if tracer is not None:
-                tracer.rejected(message, delivery.queue, self.config.hostname, reason)
-            if self.results is not None and wanted(message):
-                self.results.dead_lettered(message, reason)
-        else:
-            self.metrics.record("dead_lettered", delivery.queue)
-        self.held.settle(f"dead-lettering a message from {delivery.queue}",
-                         lambda: self.broker.dead_letter(delivery, reason))
 
     # -- starting runs --------------------------------------------------------------------
 
     def _start_pending(self) -> None:
         while self.pending and self.draining_since is None:
+            if self.pending[0].message.expired(time.time()):   # waited past it for a runner
+                run = self.pending.popleft()
+                self._refuse_expired(run.delivery, run.message)
+                self._release(run)
+                continue
+            if self.pending[0].message in self.cancels:   # cancelled while it waited
+                run = self.pending.popleft()
+                self._refuse_cancelled(run.delivery, run.message)
+                self._release(run)
+                continue
             runner = self.pool.take()
             if runner is None:
                 return
@@ -380,15 +260,19 @@ class Supervisor:
 
     def _start(self, run: Run, runner: Runner) -> None:
         m, c = run.message, self.config
-        memory, hard, soft = self._limits(m)
+        memory, hard, soft = limits_for(m, c)
         run.runner, run.started = runner, time.monotonic()
         run.soft_at = run.started + soft if soft else math.inf
         run.hard_at = run.started + (hard or (soft + c.soft_grace if soft else math.inf))
-        wire = self._wire(m)
-        if run.trace is not None:  # the task's context names its run span
-            wire["headers"][tracing.TRACEPARENT] = run.trace.starting()
+        wire = wire_of(m)
+        self.observers.starting(run, wire["headers"])
         try:
             self.pool.start(runner, run, {"message": wire}, memory)
+        except FrameTooLarge as exc:  # no runner can take it on this host: said, not looped
+            self.pool.release(runner)
+            self._reject(run.delivery, f"too large to hand to a runner: {exc}", m)
+            self._release(run)
+            return
         except OSError as exc:  # the runner died while idle: another one will take the task
             log.warning("runner %d could not take %s (%s); trying another", runner.pid,
                         run.log_label, exc)
@@ -396,63 +280,38 @@ class Supervisor:
             self.pending.appendleft(run)
             return
         self.running.add(run)
-        self.metrics.runner_wait(run.started - run.accepted)
+        self.cancels.started(run)
+        if soft:
+            run.timers.append(self.clock.at(run.soft_at, lambda: self._soft_limit(run)))
+        if run.hard_at < math.inf:
+            run.timers.append(self.clock.at(run.hard_at, lambda: self._hard_limit(run)))
+        self.observers.started(run)
         self._tell("started", m, run.delivery.queue, pid=runner.pid)
         self._gauges()
 
     def runners(self) -> dict[str, Any]:
-        """What each runner slot holds now, for the worker's heartbeat (from any thread):
-        its task (the name only; a command's program only: its arguments may hold
-        secrets), for how long, and the memory charged to its lane now against the task's
-        cap (0: no cap); and per queue the tasks that succeeded and failed since start."""
-        now, slots = time.monotonic(), []
-        for lane, run, used in self.pool.usage():
-            slot: dict[str, Any] = {"slot": lane.index, "memory": used, "task": None}
-            if isinstance(run, Run):
-                m = run.message
-                slot.update(task=m.task or os.path.basename(m.command[0] if m.command else ""),
-                            id=m.id,
-                            queue=m.queue, seconds=round(now - run.started, 1),
-                            limit=lane.slot.memory_limit)
-            slots.append(slot)
+        """For the worker's heartbeat (from any thread): what each runner slot holds now
+        (`run.slots`), and per queue the tasks that succeeded and failed since start."""
         finished = {queue: list(counts) for queue, counts in dict(self.finished).items()}
-        return {"limiter": self.limiter.kind, "slots": slots, "finished": finished}
-
-    def _limits(self, m: Message) -> tuple[int, float, float]:
-        """Memory cap, hard and soft time limits: the message's, else the task's, else ours."""
-        c = self.config
-        task = REGISTRY.get(m.task)
-        o = task.options if task else None
-        return (m.memory_limit or (o.memory_limit if o else 0) or c.memory_limit,
-                m.time_limit or (o.time_limit if o else 0) or c.time_limit,
-                m.soft_time_limit or (o.soft_time_limit if o else 0) or c.soft_time_limit)
-
-    @staticmethod
-    def _wire(message: Message) -> dict[str, Any]:
-        return {"task": message.task, "command": list(message.command),
-                "args": list(message.args), "kwargs": dict(message.kwargs), "id": message.id,
-                "queue": message.queue, "attempt": message.attempt,
-                "headers": dict(message.headers)}
+        return {"limiter": self.caps.kind, "teardown": self.pool.teardown,
+                "slots": slots(self.pool.usage(), time.monotonic()), "finished": finished}
 
     # -- finishing runs -------------------------------------------------------------------
 
     def _settle_finished(self) -> None:
         while not self.pool.finished.empty():
             runner = self.pool.finished.get_nowait()
-            run: Run = runner.task
+            run = runner.task
+            assert isinstance(run, Run)  # only the supervisor hands runners tasks
             self.running.discard(run)
-            outcome = self._outcome(run, runner)
-            keeper = self.results if wanted(run.message) else None
-            if keeper is not None:
-                outcome = keeper.check(outcome)
+            for timer in run.timers:
+                self.clock.cancel(timer)
+            outcome = self.observers.finished(run, self._outcome(run, runner))
             report_only = run.message.headers.get("settle") == "report"
             action = self._action(run, outcome, runner, report_only)
-            if run.trace is not None:
-                run.trace.ran(runner.report, outcome.kind, outcome.reason, outcome.error,
-                              runner.pid)
-            self._report(run, outcome, action, time.monotonic() - run.started)
-            if keeper is not None:  # stored before the ack: see worker/results.py
-                action = keeper.keep(run.message, outcome, action)
+            self.observers.decided(run, runner, outcome, action)
+            self._report(run, outcome, action, runner.ended - run.started)
+            action = self.observers.settling(run, outcome, action)
             self._settle(run, action, outcome)
             self._release(run)
             self.pool.release(runner)
@@ -460,11 +319,12 @@ class Supervisor:
 
     def _outcome(self, run: Run, runner: Runner) -> Outcome:
         if runner.exec_mode and runner.report is None and runner.status is not None:
-            runner.report = _exec_report(runner.status)
+            runner.report = exec_report(runner.status, skip_codes(run.message.headers))
         status = runner.status if runner.exited else 0
         oom = self.pool.oom_killed(runner)
         return classify(Facts(runner.report, status, oom, run.hard_timed_out, run.interrupted,
-                              last_words=runner.last_line.strip()[-500:]))
+                              last_words=runner.last_line.strip()[-500:],
+                              cancelled=run.cancelled))
 
     def _action(self, run: Run, outcome: Outcome, runner: Runner, report_only: bool) -> Action:
         if (runner.report or {}).get("outcome") == "unknown_task":
@@ -477,20 +337,20 @@ class Supervisor:
         retry_in = action.delay if action.verb == "retry" else 0.0
         kind = {"killed": "failed", "lost": "failed", "retry_requested": "failed"}.get(
             outcome.kind, outcome.kind)
-        if kind != "interrupted":   # requeued at shutdown: it did not finish
+        if kind not in ("interrupted", "cancelled"):   # requeued at shutdown, or stopped
             done, failed = self.finished.get(queue, (0, 0))
-            ok = kind == "succeeded"
+            ok = kind in ENDED_WELL
             self.finished[queue] = (done + ok, failed + (not ok))
         where: dict[str, Any] = {"pid": run.runner.pid, "log": tuple(run.runner.tail)} \
             if run.runner is not None else {}
+        started_at = time.time() - (time.monotonic() - run.started)
         self._tell(kind, m, queue, duration, result=outcome.result, error=dict(outcome.error),
-                   reason=outcome.reason, retry_in=retry_in, started_at=time.time() - duration,
-                   **where)
+                   reason=outcome.reason, retry_in=retry_in, started_at=started_at, **where)
         if action.verb == "retry":
             self._tell("retried", m, queue, reason=action.reason, retry_in=retry_in)
         elif action.verb == "dead_letter":
             self._tell("dead_lettered", m, queue, reason=action.reason)
-        level = logging.INFO if outcome.kind == "succeeded" else logging.WARNING
+        level = logging.INFO if outcome.kind in ENDED_WELL else logging.WARNING
         if log.isEnabledFor(level):  # its label is formatted eagerly: not for nothing
             log.log(level, "%s %s in %.3fs -> %s %s", run.log_label, outcome.kind, duration,
                     action.verb, action.reason)
@@ -498,8 +358,9 @@ class Supervisor:
     def _settle(self, run: Run, action: Action, outcome: Outcome | None) -> None:
         """Settle now, or hold it while the broker is unreachable (see worker/outage.py)."""
         self.held.settle(run.log_label, lambda: self._send_settle(run, action))
-        if run.trace is not None:
-            run.trace.settled(action.verb, action.reason)
+        if action.verb in ("ack", "dead_letter"):  # terminal: not a retry, nor a requeue
+            self._unhold(run.message)
+        self.observers.settled(run, action)
 
     def _send_settle(self, run: Run, action: Action) -> None:
         d = run.delivery
@@ -511,42 +372,58 @@ class Supervisor:
                 self.broker.retry_later(d, action.delay, body)
             elif action.verb == "requeue":
                 self._tell("interrupted", run.message, d.queue, reason=action.reason)
-                self.broker.retry_later(d, 0.0)
+                self.broker.retry_later(d, 0.0, self._queued_again(run.message))
             else:
                 self.broker.dead_letter(d, action.reason)
         except LeaseLost as exc:
             log.warning("%s: %s", run.log_label, exc)
 
+    def _queued_again(self, message: Message) -> bytes | None:
+        """The body to requeue `message` with: a fresh deadline to start when it has one
+        (the scheduler restarts its queued timeout on `interrupted`), else the same body."""
+        return self.codec.encode(message.queued_again(time.time())) if message.expires \
+            else None
+
     def _release(self, run: Run) -> None:
-        if run.limits and self.gate is not None:
-            self.gate.release(run.message.id, run.limits)
+        self.observers.released(run)
 
     # -- time: limits, heartbeats, drain ----------------------------------------------------
 
     def _check_timers(self, now: float) -> None:
-        for run in list(self.running):
-            if now >= run.hard_at and not run.hard_timed_out and not run.interrupted:
-                run.hard_timed_out = True
-                self._kill(run)
-            elif now >= run.soft_at and run.runner is not None:
-                run.soft_at = math.inf
-                run.runner.signal(signal.SIGUSR1)
+        """The loop's own timers: heartbeats (broker calls) and the observers' tick (the
+        limiter's sweep). The drain deadline is the clock's; checked here too for a run
+        started as it passed."""
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_interval
             self._heartbeat()
-        if self.gate is not None:
-            self.gate.tick(time.time())
+        self.observers.tick()
         if self.draining_since is not None and (
                 self.cold or now - self.draining_since >= self.config.drain_timeout):
             self._interrupt_all()
 
-    def _kill(self, run: Run) -> None:
-        """SIGKILL the runner; what it forked is killed when its lane is released."""
-        if run.runner is not None:
-            run.runner.signal(signal.SIGKILL)
+    def _hard_limit(self, run: Run) -> None:
+        """On the clock's thread: SIGKILL the runner (what it forked is killed when its
+        lane is released), unless its run is over or being stopped already."""
+        assert run.runner is not None
+        with self.pool.live(run.runner, run) as live:
+            if live and not run.interrupted and not run.hard_timed_out:
+                run.hard_timed_out = True
+                run.runner.signal(signal.SIGKILL)
+
+    def _soft_limit(self, run: Run) -> None:
+        """On the clock's thread: SIGUSR1 raises SoftTimeLimitExceeded in the task."""
+        assert run.runner is not None
+        with self.pool.live(run.runner, run) as live:
+            if live:
+                run.runner.signal(signal.SIGUSR1)
 
     def _heartbeat(self) -> None:
-        self._renew_limits()
+        self.observers.heartbeat([*self.running, *self.pending])  # the limits' tokens
+        try:
+            self.broker.renew_claimed()  # read ahead (Postgres): not started yet, still ours
+        except BrokerConnectionError as exc:
+            log.warning("heartbeat skipped: %s", exc)
+            return
         for delivery in list(self.spare):
             try:
                 self.broker.extend_lease(delivery)
@@ -565,23 +442,18 @@ class Supervisor:
             if run in self.running:
                 self._tell("heartbeat", run.message, run.delivery.queue)
 
-    def _renew_limits(self) -> None:
-        held = [(r.message.id, r.limits) for r in [*self.running, *self.pending] if r.limits]
-        if held and self.gate is not None:
-            try:
-                self.gate.renew(held)
-            except Exception as exc:  # noqa: BLE001 - the limiter store's own errors
-                log.warning("could not renew limit tokens (%s); they lapse with the lease",
-                            exc)
-
     def _interrupt_all(self) -> None:
+        """Kill every run (they are requeued); on the clock's thread, or the loop's."""
         why = ("cold stop: a second stop signal came while draining" if self.cold else
                f"the drain timeout ({self.config.drain_timeout:g} s) passed")
-        for run in self.running:
-            if not run.interrupted:
+        for run in list(self.running):
+            assert run.runner is not None
+            with self.pool.live(run.runner, run) as live:
+                if not live or run.interrupted:
+                    continue
                 run.interrupted = True
-                log.warning("%s killed and requeued: %s", run.log_label, why)
-                self._kill(run)
+                run.runner.signal(signal.SIGKILL)
+            log.warning("%s killed and requeued: %s", run.log_label, why)
 
     def _on_stop_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -590,47 +462,21 @@ class Supervisor:
             log.warning("%s: draining: no new tasks; %d running get up to %.0fs to finish "
                         "(send it again to stop at once)", name, len(self.running),
                         self.config.drain_timeout)
-            self.broker.pause()
+            self.clock.at(self.draining_since + self.config.drain_timeout,
+                          self._interrupt_all)
+            self.broker.pause(wake=False)  # woken by the waker: this thread must not wait
             self._on_pool_change()
             return
         self.cold = True
+        self.clock.at(time.monotonic(), self._interrupt_all)
         log.warning("%s again: cold shutdown: killing %d running tasks and requeueing them",
                     name, len(self.running))
-        self.broker.wakeup()
+        self.broker.stop_retrying(wake=False)  # an unreachable broker is not waited for
         self._on_pool_change()
 
     # -- events -----------------------------------------------------------------------------
 
-    def _event(self, kind: str, m: Message, **fields: Any) -> Event:
-        return Event(kind=kind, message_id=m.id, task=m.label, attempt=m.attempt,
-                     delivery=m.deliveries, run_id=m.run_id, trace_id=m.trace_id,
-                     hostname=self.config.hostname, pid=fields.pop("pid", os.getpid()),
-                     headers=dict(m.headers), **fields)
-
-    def _tell(self, kind: str, m: Message, queue: str, duration: float | None = None,
-              **fields: Any) -> None:
-        """Record an event in the metrics and publish it to the message's reply_to (built
-        only then: most tasks have no listener, and this runs twice per task)."""
-        self.metrics.record(kind, queue, duration)
-        if not m.reply_to:
-            return
-        event = self._event(kind, m, **fields)
-        try:
-            self.broker.publish(m.reply_to, event.encode())
-        except ConveyorError as exc:
-            log.error("could not report %s of %s to %s: %s", kind, m.label, m.reply_to, exc)
-
     def _gauges(self) -> None:
-        self.metrics.load(len(self.running) + len(self.pending),
-                          self.config.concurrency - len(self.running))
+        self.observers.load(len(self.running) + len(self.pending),
+                            self.config.concurrency - len(self.running))
 
-
-def _exec_report(status: int) -> dict[str, Any]:
-    """How an exec'd command ended, as a runner report."""
-    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        return {"outcome": "succeeded", "result": {"exit_code": 0}}
-    if os.WIFEXITED(status):
-        code = os.WEXITSTATUS(status)
-        return {"outcome": "failed", "reason": f"command exited with code {code}",
-                "error": {"type": "CommandFailed", "message": f"exit code {code}"}}
-    return {}

@@ -18,7 +18,23 @@ Protocol on its control socket (SOCK_SEQPACKET, JSON frames):
   lane -> supervisor    {"op": "exited", "pid": P, "status": S[, "spawned": Q]} (raw
                         waitpid status) + fds [Q's as above] when Q replaces P
   zygote -> supervisor  {"op": "exited", "pid": P, "status": S}   (a lane died)
-If the supervisor goes away (EOF), the zygote kills every runner it forked and exits.
+  supervisor -> zygote  {"op": "hold"} + fds [a socket]: keep this descriptor open until
+                        every runner is gone (see below); replaces the one held before
+  supervisor -> zygote  {"op": "sentinel"} + fds [memfd]: once every lane is open, fork the
+                        sentinel (sentinel.py), which kills every runner as soon as the
+                        supervisor starts dying
+
+When the supervisor goes away (EOF on the control sockets, the moment its descriptors close,
+whether it exited or was SIGKILLed), each lane SIGKILLs its runners and waits until every one
+has exited, then exits; the zygote waits until every lane has exited (a lane stopped or
+hung is killed after LANE_GRACE seconds), then exits. So the
+zygote outlives every runner, and the socket it holds outlives the zygote's: the supervisor
+hands it the broker connection whose close makes the broker redeliver at once (RabbitMQ),
+and the broker sees that connection close only once no runner of the dead worker can still
+act (a SIGKILLed supervisor's own descriptors close before anything else learns of its
+death). The zygote therefore has no parent-death signal once it serves (only while it
+starts, when it has no children and holds nothing); lanes and runners keep theirs (SIGKILL
+when their parent dies) for the case where a fork server itself is killed.
 
 Why the lane replaces runners by itself: a fork server pays a copy-on-write fault for every
 page it writes while a child still shares it, so the less Python it runs between forks the
@@ -31,15 +47,17 @@ reason.
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import os
 import select
 import signal
 import socket
 import sys
+import time
 from typing import NoReturn
 
-from conveyor.worker import frames, warmup
+from conveyor.worker import frames, sentinel, warmup
+from conveyor.worker.apps import import_app
 from conveyor.worker.isolation import die_with_parent, make_non_dumpable
 from conveyor.worker.runner import (
     RunnerConfig,
@@ -48,6 +66,9 @@ from conveyor.worker.runner import (
     protect_from_oom_killer,
     runner_main,
 )
+
+#: Seconds the zygote waits for its lanes once the supervisor is gone, then kills them.
+LANE_GRACE = 5.0
 
 
 class Zygote:
@@ -58,11 +79,16 @@ class Zygote:
     while runners share its pages), and a runner would have to reset it before its task.
     """
 
-    def __init__(self, control: socket.socket, config: RunnerConfig) -> None:
+    def __init__(self, control: socket.socket, config: RunnerConfig,
+                 lane: bool = False) -> None:
         self.control = control
         self.config = config
+        self.lane = lane  # a lane's children are runners; the zygote's are lanes
         self.children: dict[int, int] = {}  # pidfd -> pid
         self.replace = False  # a lane, once asked for runners: replace each that exits
+        self.held = -1  # the descriptor "hold" gave (the zygote only)
+        self.sentinel = -1  # the sentinel's pidfd (the zygote only)
+        self.lanes: dict[int, str] = {}  # lane pid -> its cgroup.procs ("": none)
         self._poll = select.poll()
         self._poll.register(control, select.POLLIN)
 
@@ -88,20 +114,27 @@ class Zygote:
                 self._tell(b'{"op":"spawned","spawned":%d}' % pid, theirs)
         elif frame.get("op") == "lane" and len(fds) == 1:
             self._lane(fds[0], frame.get("cgroup_procs", ""))
+        elif frame.get("op") == "sentinel" and len(fds) == 1:
+            self._sentinel(fds[0])
+        elif frame.get("op") == "hold" and len(fds) == 1:
+            if self.held >= 0:
+                os.close(self.held)
+            self.held = fds.pop()
         for fd in fds:
             os.close(fd)
         return True
 
-    def _forked(self) -> bool:
-        """Fork; in the child, drop the parent's descriptors."""
+    def _forked(self) -> int:
+        """Fork: in the child 0, its parent's descriptors dropped; here the child's pidfd."""
         pid = os.fork()
         if pid == 0:
             self.control.close()
-            for pidfd in self.children:
-                os.close(pidfd)
-            return True
-        self._watch(pid)
-        return False
+            for fd in [*self.children, self.held]:
+                if fd >= 0:
+                    os.close(fd)
+            self.held = -1
+            return 0
+        return self._watch(pid)
 
     def _watch(self, pid: int) -> int:
         pidfd = os.pidfd_open(pid)
@@ -111,7 +144,9 @@ class Zygote:
 
     def _lane(self, control_fd: int, cgroup_procs: str) -> None:
         """Fork a lane: a fork server of its own, parked for good in the lane's cgroup."""
-        if not self._forked():
+        pidfd = self._forked()
+        if pidfd:
+            self.lanes[self.children[pidfd]] = cgroup_procs
             return
         control = socket.socket(fileno=os.dup(control_fd))
         die_with_parent()
@@ -119,7 +154,17 @@ class Zygote:
         protect_from_oom_killer()
         prepare_lane()
         frames.send(control, {"op": "ready", "pid": os.getpid()})
-        Zygote(control, self.config).serve()
+        Zygote(control, self.config, lane=True).serve()
+
+    def _sentinel(self, memfd: int) -> None:
+        """Fork the sentinel, watching the lanes forked so far (all of them)."""
+        lanes = dict(self.lanes)
+        pidfd = self._forked()
+        if pidfd:
+            self.sentinel = pidfd
+            return
+        die_with_parent()
+        sentinel.watch(memfd, lanes)
 
     def _spawn(self) -> tuple[int, list[int]]:
         """Fork a runner with a channel and an output pipe of its own: (its pid, the
@@ -141,6 +186,8 @@ class Zygote:
                 socket.send_fds(self.control, [frame], fds)
             else:
                 self.control.send(frame)
+        except OSError:  # the supervisor's end closed since this wake-up began
+            self._shutdown()
         finally:
             for fd in fds[1:]:
                 os.close(fd)
@@ -156,6 +203,11 @@ class Zygote:
         del self.children[pidfd]
         self._poll.unregister(pidfd)
         os.close(pidfd)
+        if pidfd == self.sentinel:
+            self.sentinel = -1
+            self._tell(b'{"op":"exited","pid":%d,"status":%d,"role":"sentinel"}'
+                       % (pid, status), [])
+            return
         if not self.replace:
             self._tell(b'{"op":"exited","pid":%d,"status":%d}' % (pid, status), [])
             return
@@ -164,12 +216,44 @@ class Zygote:
                    theirs)
 
     def _shutdown(self) -> NoReturn:
-        for pidfd in self.children:
+        """The supervisor is gone: a lane kills its runners; either kind of fork server
+        then waits for every child to exit before it exits (the module docstring says why).
+        Blocking here is the point: a child SIGKILLed cannot refuse to die, and a lane
+        waits for nothing but its runners."""
+        if self.sentinel >= 0:  # the lanes see to their runners from here
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.sentinel, signal.SIGKILL)
+        if self.lane:
+            self._kill_children()
+        else:
+            self._wait_for_children(LANE_GRACE)
+            self._kill_children()   # a lane stopped or hung past the grace
+        for pid in self.children.values():
             try:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except ProcessLookupError:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
                 continue
         os._exit(0)
+
+
+    def _kill_children(self) -> None:
+        for pidfd in self.children:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+    def _wait_for_children(self, grace: float) -> None:
+        """Wait up to `grace` seconds for every child to exit (each pidfd readable). A lane
+        that cannot act on its supervisor's death (stopped, or hung) would otherwise keep
+        this process, and the connection it holds, for ever: its runners are gone by then
+        (the sentinel's kill, or their parent-death signal when the lane is killed)."""
+        waiting = select.poll()
+        for pidfd in self.children:
+            waiting.register(pidfd, select.POLLIN)
+        left, deadline = len(self.children), time.monotonic() + grace
+        while left and (remaining := deadline - time.monotonic()) > 0:
+            for pidfd, _ in waiting.poll(remaining * 1000):
+                waiting.unregister(pidfd)
+                left -= 1
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -180,17 +264,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
     parser.add_argument("--max-tasks", type=int, default=1)
     parser.add_argument("--uid", type=int, default=None)
     parser.add_argument("--gid", type=int, default=None)
+    parser.add_argument("--parent", type=int, default=0)
     args = parser.parse_args(argv)
-    die_with_parent()
+    die_with_parent()  # while it starts (an app's import may hang); cleared once serving
+    if args.parent and os.getppid() != args.parent:
+        os._exit(0)  # the worker died before the line above: no signal is coming
     # Children are reaped through pidfds: an inherited SIG_IGN would have the kernel reap
     # them first, and their exit statuses (a task's outcome) would be lost.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     control = socket.socket(fileno=args.control_fd)
-    for module in args.app:
-        importlib.import_module(module)
+    for app in args.app:
+        import_app(app)   # the supervisor imported them first: a bad --app stopped it there
     warmup.warm()  # what every runner would otherwise redo: name service, caches, imports
     warmup.freeze()  # forked runners share these pages instead of copying them on first GC
     frames.send(control, {"op": "ready", "pid": os.getpid()})
+    die_with_parent(0)  # from here EOF ends it, after its lanes (see the module docstring)
     Zygote(control, RunnerConfig(args.max_tasks, args.uid, args.gid)).serve()
 
 

@@ -42,12 +42,14 @@ class BatchConfirms:
     def is_open(self) -> bool:
         return bool(self.channel.is_open)
 
-    def send(self, batch: Sequence[Outgoing], props: BasicProperties) -> list[Outgoing]:
-        """Publish `batch` (mandatory, persistent), wait for every confirm; return the
-        messages RabbitMQ could not route. Raises BrokerError if any was refused."""
+    def send(self, batch: Sequence[Outgoing],
+             props: Sequence[BasicProperties]) -> list[Outgoing]:
+        """Publish `batch` (mandatory, each with its `props`), wait for every confirm;
+        return the messages RabbitMQ could not route. Raises BrokerError if any was
+        refused."""
         self._nacked, self._returned = 0, []
-        for exchange, key, body in batch:
-            self._impl.basic_publish(exchange, key, body, props, mandatory=True)
+        for (exchange, key, body), message_props in zip(batch, props, strict=True):
+            self._impl.basic_publish(exchange, key, body, message_props, mandatory=True)
             self._waiting.add(self._next_tag)
             self._next_tag += 1
         self._run_until(lambda: not self._waiting)

@@ -13,7 +13,7 @@ reached a broker that died just means a redelivery (at-least-once).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,11 +51,24 @@ class AckLedger:
         self.owed: set[int] = set()
         self.resolved: set[int] = set()
         self.dispatched = 0
+        self._held: Counter[str] = Counter()  # consumer identity -> its unacked tags
 
     def add(self, tag: int, queue: str, consumer: str, pushed: bool) -> None:
         self.unacked[tag] = (queue, consumer)
+        self._held[consumer] += 1
         if pushed:
             self.dispatched = max(self.dispatched, tag)
+
+    def _remove(self, tag: int) -> None:
+        entry = self.unacked.pop(tag, None)
+        if entry is not None:
+            self._held[entry[1]] -= 1
+            if not self._held[entry[1]]:
+                del self._held[entry[1]]
+
+    def held_by(self, consumer: str) -> int:
+        """Unacked deliveries of one consumer (what counts against its prefetch)."""
+        return self._held[consumer]
 
     def settle(self, tag: int) -> None:
         if tag in self.unacked:
@@ -63,7 +76,7 @@ class AckLedger:
 
     def drop(self, tag: int) -> None:
         """The tag was nacked: it no longer counts, and a run may pass over it."""
-        self.unacked.pop(tag, None)
+        self._remove(tag)
         self.owed.discard(tag)
         self.resolved.add(tag)
 
@@ -85,13 +98,13 @@ class AckLedger:
         if run:
             send(run[-1], len(run) > 1)
         for done in range(self.floor + 1, tag):
-            self.unacked.pop(done, None)
+            self._remove(done)
             self.owed.discard(done)
             self.resolved.discard(done)
         self.floor = max(self.floor, tag - 1)
         for single in sorted(self.owed):
             send(single, False)
-            self.unacked.pop(single, None)
+            self._remove(single)
             self.resolved.add(single)
         self.owed.clear()
 
@@ -116,6 +129,8 @@ class Subscription:
     ledger: AckLedger = field(default_factory=AckLedger)
     lost: bool = False
     cancelled: bool = False
+    #: Priority bands (above 0) that sent us a message since a look found them empty.
+    busy: set[str] = field(default_factory=set)
 
     @property
     def credit_left(self) -> bool:

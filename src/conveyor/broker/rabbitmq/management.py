@@ -36,8 +36,9 @@ class ManagementAPI:
         self._auth = f"Basic {token}"
 
     def queue_family(self, queue: str) -> dict[str, dict[str, Any]]:
-        """`queue`, its dead queue and its delay levels that exist: name -> statistics."""
-        pattern = f"^{re.escape(queue)}(\\.dead|\\.delay\\.[0-9]+)?$"
+        """`queue`, its priority bands, dead queue and delay levels that exist: name ->
+        statistics."""
+        pattern = f"^{re.escape(queue)}(\\.dead|\\.delay\\.[0-9]+|\\.pri\\.[0-9]+)?$"
         # The name filter only applies to a paginated listing; a family has < 30 queues.
         query = urlencode({"name": pattern, "use_regex": "true", "page": 1, "page_size": 500,
                            "columns": "name,messages_unacknowledged"})
@@ -47,7 +48,21 @@ class ManagementAPI:
         return {row["name"]: row for row in rows
                 if isinstance(row, dict) and family.match(str(row.get("name", "")))}
 
-    def _get(self, path: str, queue: str) -> Any:
+    def dead_queues(self) -> list[str]:
+        """The queues whose dead queue (`<queue>.dead`) holds messages now."""
+        query = urlencode({"name": r"\.dead$", "use_regex": "true", "page": 1,
+                           "page_size": 500, "columns": "name,messages"})
+        page = self._get(f"/api/queues/{quote(self.vhost, safe='')}?{query}", "*.dead",
+                         "list the queues holding dead letters")
+        rows = page.get("items", []) if isinstance(page, dict) else page
+        return sorted(str(row["name"])[:-len(".dead")] for row in rows
+                      if isinstance(row, dict) and str(row.get("name", "")).endswith(".dead")
+                      and row.get("messages"))
+
+    def _get(self, path: str, queue: str, what: str = "") -> Any:
+        """GET `path`; `what` the call was for, in its errors (default: counting the
+        in-flight messages of `queue`)."""
+        what = what or f"count in-flight messages of queue {queue!r}"
         request = Request(self.base + path, headers={"Authorization": self._auth})
         try:
             with urlopen(request, timeout=self.timeout) as response:
@@ -57,7 +72,7 @@ class ManagementAPI:
             raise BrokerError(self._http_problem(exc.code, queue)) from exc
         except (URLError, OSError, ValueError) as exc:
             raise BrokerError(
-                f"cannot count in-flight messages of queue {queue!r}: the RabbitMQ management "
+                f"cannot {what}: the RabbitMQ management "
                 f"API at {self.base} is unreachable ({exc}). RabbitMQ reports unacknowledged "
                 "deliveries only through its management plugin: enable it with "
                 "`rabbitmq-plugins enable rabbitmq_management`, or point the broker URL's "

@@ -21,7 +21,7 @@ DEFAULT_CONSUMER_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
-class Settings:
+class RabbitMQSettings:
     """A parsed `amqp://` URL: pika's parameters plus Conveyor's own query options."""
 
     params: pika.URLParameters
@@ -38,7 +38,7 @@ OPTIONS = ("management", "delivery_limit", "consumer_timeout", RETRY_OPTION,
            DEPRECATED_RETRY_OPTION)
 
 
-def parse_url(url: str) -> Settings:
+def parse_url(url: str) -> RabbitMQSettings:
     """Split Conveyor's options off the URL (pika rejects unknown ones) and parse the rest."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
@@ -54,7 +54,7 @@ def parse_url(url: str) -> Settings:
     password = getattr(creds, "password", "guest")
     management, m_user, m_password = management_url(ours.get("management"), parts.scheme,
                                                     params.host, user, password)
-    return Settings(
+    return RabbitMQSettings(
         params=params, where=redact(url.split("?", 1)[0]), management=management,
         management_user=m_user, management_password=m_password,
         delivery_limit=int(positive_option(ours, "delivery_limit", DEFAULT_DELIVERY_LIMIT,

@@ -72,6 +72,10 @@ SELECT
   COALESCE(SUM(dead_reason IS NOT NULL), 0) AS dead
 FROM conveyor_messages WHERE queue = :queue;
 
+-- name: dead_queues
+-- Queues that hold dead letters (an operator's listing: one pass over the table).
+SELECT DISTINCT queue FROM conveyor_messages WHERE dead_reason IS NOT NULL ORDER BY queue;
+
 -- name: dead_letters
 SELECT id, queue, body, dead_reason, dead_at, deliveries FROM conveyor_messages
  WHERE queue = :queue AND dead_reason IS NOT NULL ORDER BY dead_at, id LIMIT :limit;

@@ -29,6 +29,19 @@ CREATE TABLE IF NOT EXISTS conveyor_limit_parked (
     moving_until REAL
 );
 CREATE INDEX IF NOT EXISTS conveyor_limit_parked_key ON conveyor_limit_parked (key, seq);
+CREATE TABLE IF NOT EXISTS conveyor_unique (
+    key     TEXT PRIMARY KEY,
+    holder  TEXT NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conveyor_unique_expires ON conveyor_unique (expires);
+CREATE TABLE IF NOT EXISTS conveyor_cancel (
+    id      TEXT PRIMARY KEY,
+    at      REAL NOT NULL,
+    expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conveyor_cancel_at ON conveyor_cancel (at);
+CREATE INDEX IF NOT EXISTS conveyor_cancel_expires ON conveyor_cancel (expires);
 
 -- name: schema_postgres
 CREATE TABLE IF NOT EXISTS conveyor_limit_keys (
@@ -59,6 +72,47 @@ CREATE TABLE IF NOT EXISTS conveyor_limit_parked (
     moving_until DOUBLE PRECISION
 );
 CREATE INDEX IF NOT EXISTS conveyor_limit_parked_key ON conveyor_limit_parked (key, seq);
+CREATE TABLE IF NOT EXISTS conveyor_unique (
+    key     TEXT PRIMARY KEY,
+    holder  TEXT NOT NULL,
+    expires DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conveyor_unique_expires ON conveyor_unique (expires);
+CREATE TABLE IF NOT EXISTS conveyor_cancel (
+    id      TEXT PRIMARY KEY,
+    at      DOUBLE PRECISION NOT NULL,
+    expires DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conveyor_cancel_at ON conveyor_cancel (at);
+CREATE INDEX IF NOT EXISTS conveyor_cancel_expires ON conveyor_cancel (expires);
+
+-- name: hold
+-- take a unique key, or take it over from a holder whose time ran out; no row: it is held
+INSERT INTO conveyor_unique (key, holder, expires) VALUES (:key, :holder, :expires)
+ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires = excluded.expires
+WHERE conveyor_unique.expires <= :now
+RETURNING holder;
+
+-- name: holder
+SELECT holder FROM conveyor_unique WHERE key = :key AND expires > :now;
+
+-- name: unhold
+DELETE FROM conveyor_unique WHERE key = :key AND holder = :holder;
+
+-- name: forget_lapsed_unique
+-- the sweep's: keys whose holder's time ran out (by its index, not a scan of every key)
+DELETE FROM conveyor_unique WHERE expires <= :now;
+
+-- name: forget_lapsed_cancels
+DELETE FROM conveyor_cancel WHERE expires <= :now;
+
+-- name: cancel
+INSERT INTO conveyor_cancel (id, at, expires) VALUES (:id, :now, :expires)
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: cancels
+SELECT id FROM conveyor_cancel WHERE at >= :since AND expires > :now;
 
 -- name: declare
 INSERT INTO conveyor_limit_keys (key, declared) VALUES (:key, :declared)
@@ -96,8 +150,9 @@ SELECT COALESCE(SUM(weight), 0) FROM conveyor_limit_tokens WHERE key = :key;
 SELECT COALESCE(SUM(weight), 0), COALESCE(MAX(CASE WHEN holder = :holder THEN 1 ELSE 0 END), 0)
   FROM conveyor_limit_tokens WHERE key = :key AND expires >= :now;
 
--- name: live_used
-SELECT COALESCE(SUM(weight), 0) FROM conveyor_limit_tokens WHERE key = :key AND expires >= :now;
+-- name: live_tokens
+SELECT holder, weight FROM conveyor_limit_tokens WHERE key = :key AND expires >= :now
+ ORDER BY holder;
 
 -- name: holds
 SELECT 1 FROM conveyor_limit_tokens WHERE key = :key AND holder = :holder;

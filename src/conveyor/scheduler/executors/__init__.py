@@ -56,6 +56,13 @@ class Executor(abc.ABC):
                 refused.append((workload, exc))
         return refused
 
+    def withdraw(self, ti: str, attempt: int) -> None:
+        """Make sure attempt `attempt` of task instance `ti` never starts: the scheduler
+        timed it out before it started. A message on a queue carries its own deadline to
+        start (`Message.expires`), which workers keep, so most executors have nothing to do;
+        one that starts attempts itself (kubernetes: a pod) takes it back."""
+        return None
+
     def use_apps(self, apps: Sequence[str]) -> None:
         """The modules registering the tasks this executor runs changed (a DAG file was
         reloaded). Executors whose workers import them at start (local) restart them."""

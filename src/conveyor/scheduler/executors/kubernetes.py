@@ -11,7 +11,8 @@ the task twice.
 One watcher thread lists the scheduler's pods and then watches them (list + watch, relisted
 every `resync` seconds), and turns what it sees into the same events a worker sends: Running
 -> started (then a heartbeat on each relist), Succeeded -> succeeded, Failed -> failed,
-oom_killed (OOMKilled) or timed_out (DeadlineExceeded). A pod Pending for longer than
+oom_killed (OOMKilled), timed_out (DeadlineExceeded) or skipped (an exit code of the task's
+`skip_on_exit_code`). A pod Pending for longer than
 `pending_timeout` is deleted and its attempt fails with the scheduler's reason (e.g. "0/3
 nodes are available: insufficient memory"), so nothing sits "created, watching" for hours.
 After a restart, the relist adopts pods that are still running. Finished pods are deleted.
@@ -26,7 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from conveyor.events import Event
+from conveyor.events import ENDED_WELL, Event
+from conveyor.message import skip_codes
 from conveyor.scheduler.errors import ExecutorError
 from conveyor.scheduler.executors import Executor, Report, Workload
 
@@ -114,6 +116,21 @@ class KubernetesExecutor(Executor):
                        "conveyor.io/attempt": str(m.attempt)},
             "annotations": {ANNOTATION: json.dumps(identity)}}}
 
+    def withdraw(self, ti: str, attempt: int) -> None:
+        """Delete the pod of an attempt timed out before it started (still Pending): a pod
+        reads no `expires`, so without this it could start whenever the cluster finds room."""
+        from kubernetes.client.exceptions import ApiException
+        name = pod_name(ti, attempt)
+        self._finished.add(name)   # its DELETED is not an outcome: the attempt has one
+        try:
+            self.api.delete_namespaced_pod(name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise ExecutorError(f"could not delete pod {name} of a timed-out attempt "
+                                    f"({exc.status} {exc.reason}): {_api_message(exc)}"
+                                    ) from None
+        log.info("pod %s withdrawn: its attempt timed out before it started", name)
+
     # -- watching ---------------------------------------------------------------------------
 
     def start(self, report: Report) -> None:
@@ -183,7 +200,8 @@ class KubernetesExecutor(Executor):
         name = pod.metadata.name
         self._finished.add(name)
         self._started.discard(name)
-        error = {} if kind == "succeeded" else {"type": "PodFailed", "message": reason}
+        error = {} if kind in ENDED_WELL else {"type": "PodFailed",
+                                                             "message": reason}
         self._emit(pod, kind, reason=reason if kind != "succeeded" else "", error=error,
                    hostname=pod.spec.node_name or "")
         try:
@@ -219,10 +237,19 @@ def outcome(pod: Any) -> tuple[str, str]:
         if ended.reason == "OOMKilled":
             return "oom_killed", (f"container {status.name} was OOM-killed (memory limit "
                                   f"{_limit(pod, status.name)})")
+        if ended.exit_code in _skip_codes(pod):   # dag.command(..., skip_on_exit_code=99)
+            return "skipped", (f"container {status.name} exited with code {ended.exit_code} "
+                               "(skip_on_exit_code)")
         detail = f": {ended.message.strip()}" if ended.message else ""
         return "failed", (f"container {status.name} exited with code {ended.exit_code} "
                           f"({ended.reason or 'Error'}){detail}")
     return "failed", f"pod {pod.metadata.name} failed: {pod.status.message or pod.status.reason}"
+
+
+def _skip_codes(pod: Any) -> frozenset[int]:
+    """The exit codes that skip this pod's task: its message's, kept in its annotation."""
+    identity = json.loads((pod.metadata.annotations or {}).get(ANNOTATION, "{}"))
+    return skip_codes(identity.get("headers", {}))
 
 
 def pending_reason(pod: Any) -> str:

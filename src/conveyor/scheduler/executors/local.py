@@ -47,13 +47,16 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, slots: int = 4, apps: Sequence[str] = (),
-                 drain_timeout: float = 10.0) -> None:
+                 drain_timeout: float = 10.0, dags_folder: str = "") -> None:
+        """`dags_folder`: the scheduler's, whose files the worker imports too (the tasks a
+        DAG file defines itself are registered nowhere else)."""
         self.slots = slots
         self.apps = list(apps)
+        self.dags_folder = dags_folder
         self.drain_timeout = drain_timeout
         self._dir = ""
         self._client: Client | None = None
-        self._events: brokers.Broker | None = None
+        self._events: brokers.Consumer | None = None
         self._worker: subprocess.Popen[bytes] | None = None
         self._url = ""
         #: children draining after an app change: reaped by `check`, waited for by `close`
@@ -79,6 +82,7 @@ class LocalExecutor(Executor):
                    "--hostname", f"{socket.gethostname()}-local"]
         if self.apps:
             command += ["--app", ",".join(self.apps)]
+        command += [f"--dags-folder={self.dags_folder}"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent())

@@ -6,7 +6,8 @@
 -- Every task-instance transition is one UPDATE guarded by the state(s) it leaves and the
 -- attempt it belongs to: a duplicate or late event changes nothing (rowcount 0).
 -- `deadline` is when the scheduler must look at a task instance again (a retry is due, a
--- queued or heartbeat timeout expires, a publish was never confirmed); one index finds them.
+-- queued or heartbeat timeout expires, a claimed publish waits on its claimer); one index
+-- finds them.
 
 -- name: schema_table
 CREATE TABLE IF NOT EXISTS conveyor_schema (version INTEGER NOT NULL);
@@ -126,9 +127,10 @@ ON CONFLICT (dag_id, logical_date) DO NOTHING;
 -- name: insert_ti
 INSERT INTO conveyor_task_instances (ti_id, run_id, task_id, position, state, attempt,
                                      max_attempts, executor, queue, priority, spec,
-                                     queued_timeout, heartbeat_timeout)
+                                     queued_timeout, heartbeat_timeout, is_branch)
 VALUES (%(ti_id)s, %(run_id)s, %(task_id)s, %(position)s, 'pending', 0, %(max_attempts)s,
-        %(executor)s, %(queue)s, %(priority)s, %(spec)s, %(queued_timeout)s, %(heartbeat_timeout)s);
+        %(executor)s, %(queue)s, %(priority)s, %(spec)s, %(queued_timeout)s,
+        %(heartbeat_timeout)s, %(is_branch)s);
 
 -- name: insert_edge
 INSERT INTO conveyor_edges (run_id, upstream, downstream)
@@ -149,11 +151,12 @@ SELECT r.* FROM conveyor_runs r
 SELECT COUNT(*) AS n FROM conveyor_runs WHERE state IN ('queued', 'running');
 
 -- name: run_tis
-SELECT * FROM conveyor_task_instances WHERE run_id = %(run_id)s ORDER BY position;
+SELECT * FROM conveyor_task_instances WHERE run_id = %(run_id)s
+ ORDER BY position, COALESCE(map_index, -1);
 
 -- name: run_attempts
 SELECT a.* FROM conveyor_attempts a JOIN conveyor_task_instances t ON t.ti_id = a.ti_id
- WHERE t.run_id = %(run_id)s ORDER BY t.position, a.attempt;
+ WHERE t.run_id = %(run_id)s ORDER BY t.position, COALESCE(t.map_index, -1), a.attempt;
 
 -- name: ti
 SELECT * FROM conveyor_task_instances WHERE ti_id = %(ti_id)s;
@@ -193,52 +196,131 @@ UPDATE conveyor_runs SET state = 'running', started_at = %(now)s
      ORDER BY q.logical_date LIMIT %(limit)s)
 RETURNING run_id;
 
--- name: dispatch_ready
--- Every task of a run whose parents have all succeeded (its roots, when it starts).
-UPDATE conveyor_task_instances AS t
+-- name: pending_children
+-- The pending children of tasks that just ended (ids as a JSON list), each with its trigger
+-- rule and how many of its direct upstreams are in each kind of state: what the rules judge
+-- (scheduler/readiness.py), counted here so a join below 1,000 tasks is one row, not 1,000
+-- (and its spec, which lists them all, is parsed once). `branches`: upstreams that
+-- succeeded and are branches (`is_branch`).
+SELECT c.ti_id, c.task_id, (c.spec::jsonb ->> 'trigger_rule') AS trigger_rule,
+       n.total, n.success, n.skipped, n.failed, n.upstream_failed, n.branches
+  FROM conveyor_task_instances c
+  JOIN (SELECT e.downstream AS task_id, COUNT(*) AS total,
+                   SUM(CASE WHEN p.state = 'success' THEN 1 ELSE 0 END) AS success,
+                   SUM(CASE WHEN p.state = 'skipped' THEN 1 ELSE 0 END) AS skipped,
+                   SUM(CASE WHEN p.state IN ('failed', 'cancelled') THEN 1 ELSE 0 END)
+                       AS failed,
+                   SUM(CASE WHEN p.state = 'upstream_failed' THEN 1 ELSE 0 END)
+                       AS upstream_failed,
+                   SUM(CASE WHEN p.state = 'success' AND p.is_branch = 1 THEN 1 ELSE 0 END)
+                       AS branches
+              FROM conveyor_edges e
+              JOIN conveyor_task_instances p ON p.run_id = e.run_id AND p.task_id = e.upstream
+             WHERE e.run_id = %(run_id)s
+               AND e.downstream IN (SELECT downstream FROM conveyor_edges
+                                     WHERE run_id = %(run_id)s AND upstream IN
+                                           (SELECT jsonb_array_elements_text(%(task_ids)s::jsonb)))
+             GROUP BY e.downstream) n ON n.task_id = c.task_id
+ WHERE c.run_id = %(run_id)s AND c.state = 'pending'
+ ORDER BY c.position;
+
+-- name: pending_of_run
+-- Every pending task of a run, as pending_children (a root: total 0).
+SELECT c.ti_id, c.task_id, (c.spec::jsonb ->> 'trigger_rule') AS trigger_rule,
+       COALESCE(n.total, 0) AS total, n.success, n.skipped, n.failed, n.upstream_failed,
+       n.branches
+  FROM conveyor_task_instances c
+  LEFT JOIN (SELECT e.downstream AS task_id, COUNT(*) AS total,
+                   SUM(CASE WHEN p.state = 'success' THEN 1 ELSE 0 END) AS success,
+                   SUM(CASE WHEN p.state = 'skipped' THEN 1 ELSE 0 END) AS skipped,
+                   SUM(CASE WHEN p.state IN ('failed', 'cancelled') THEN 1 ELSE 0 END)
+                       AS failed,
+                   SUM(CASE WHEN p.state = 'upstream_failed' THEN 1 ELSE 0 END)
+                       AS upstream_failed,
+                   SUM(CASE WHEN p.state = 'success' AND p.is_branch = 1 THEN 1 ELSE 0 END)
+                       AS branches
+              FROM conveyor_edges e
+              JOIN conveyor_task_instances p ON p.run_id = e.run_id AND p.task_id = e.upstream
+             WHERE e.run_id = %(run_id)s
+             GROUP BY e.downstream) n ON n.task_id = c.task_id
+ WHERE c.run_id = %(run_id)s AND c.state = 'pending'
+ ORDER BY c.position;
+
+-- name: branch_parents
+-- For pending tasks below a branch that succeeded (task ids as a JSON list): what each such
+-- branch returned and which tasks each of its children leads to (its spec's `branch`).
+SELECT e.downstream AS task_id, p.task_id AS branch_id,
+       (p.spec::jsonb -> 'branch')::text AS reach, p.result
+  FROM conveyor_edges e
+  JOIN conveyor_task_instances p ON p.run_id = e.run_id AND p.task_id = e.upstream
+ WHERE e.run_id = %(run_id)s AND e.downstream IN (SELECT jsonb_array_elements_text(%(task_ids)s::jsonb))
+   AND p.state = 'success' AND p.is_branch = 1;
+
+-- name: queue_pending
+-- Tasks the trigger rules made ready (ids as a JSON list), queued for their first attempt
+-- and claimed for publishing; one another scheduler moved first is left alone.
+UPDATE conveyor_task_instances
    SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
-       deadline = %(now)s + %(publish_grace)s
- WHERE t.run_id = %(run_id)s AND t.state = 'pending'
-   AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
-                     JOIN conveyor_task_instances p
-                       ON p.run_id = e.run_id AND p.task_id = e.upstream
-                    WHERE e.run_id = t.run_id AND e.downstream = t.task_id
-                      AND p.state <> 'success')
+       claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
+ WHERE ti_id IN (SELECT jsonb_array_elements_text(%(ti_ids)s::jsonb)) AND state = 'pending'
 RETURNING *;
 
--- name: dispatch_children
--- The children of a task that just succeeded whose parents have all succeeded.
-UPDATE conveyor_task_instances AS t
-   SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
-       deadline = %(now)s + %(publish_grace)s
- WHERE t.run_id = %(run_id)s AND t.state = 'pending'
-   AND t.task_id IN (SELECT downstream FROM conveyor_edges
-                      WHERE run_id = %(run_id)s AND upstream = %(task_id)s)
-   AND NOT EXISTS (SELECT 1 FROM conveyor_edges e
-                     JOIN conveyor_task_instances p
-                       ON p.run_id = e.run_id AND p.task_id = e.upstream
-                    WHERE e.run_id = t.run_id AND e.downstream = t.task_id
-                      AND p.state <> 'success')
-RETURNING *;
+-- name: end_pending
+-- Tasks the trigger rules decided never run (skipped or upstream_failed): their task ids.
+UPDATE conveyor_task_instances SET state = %(state)s, ended_at = %(now)s
+ WHERE ti_id IN (SELECT jsonb_array_elements_text(%(ti_ids)s::jsonb)) AND state = 'pending'
+RETURNING task_id;
 
 -- name: claim_due_retries
 UPDATE conveyor_task_instances
    SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
        started_at = NULL, heartbeat_at = NULL, ended_at = NULL, hostname = NULL, pid = NULL,
-       deadline = %(now)s + %(publish_grace)s
+       claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
  WHERE ti_id IN (SELECT ti_id FROM conveyor_task_instances
                   WHERE state = 'up_for_retry' AND deadline <= %(now)s
                   ORDER BY deadline LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING *;
 
 -- name: claim_unpublished
-UPDATE conveyor_task_instances SET deadline = %(now)s + %(publish_grace)s
+-- A queued attempt whose publish was never recorded, once its claimer's lease lapsed (that
+-- scheduler died between its claim and its publish): ours to publish now. Never while the
+-- claimer lives: it publishes what it claimed itself. One it held (`waiting_for`: no live
+-- worker of its pinned code version) its claimer claims again to try once more.
+UPDATE conveyor_task_instances SET claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued' AND published_at IS NULL
    AND deadline <= %(now)s
+   AND (NOT EXISTS (SELECT 1 FROM conveyor_schedulers s
+                     WHERE s.scheduler_id = conveyor_task_instances.claimed_by
+                       AND s.lease_until > %(now)s)
+        OR (waiting_for IS NOT NULL AND claimed_by = %(scheduler)s))
 RETURNING *;
 
+-- name: ti_reissue
+-- A running attempt whose message came back, from a worker that lost it (killed, or its
+-- lease lapsed), after its deadline to start: the same attempt queued again, to be
+-- published with a fresh deadline, as the redelivery itself would have run it.
+UPDATE conveyor_task_instances
+   SET state = 'queued', queued_at = %(now)s, published_at = NULL, started_at = NULL,
+       heartbeat_at = NULL, hostname = NULL, pid = NULL, claimed_by = %(scheduler)s,
+       deadline = %(now)s + %(lease)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'running'
+RETURNING *;
+
+-- name: wait_for_claimer
+-- Its claimer is alive: look again when the claimer's lease would lapse.
+UPDATE conveyor_task_instances
+   SET deadline = (SELECT s.lease_until FROM conveyor_schedulers s
+                    WHERE s.scheduler_id = conveyor_task_instances.claimed_by)
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued' AND published_at IS NULL
+   AND deadline <= %(now)s
+   AND EXISTS (SELECT 1 FROM conveyor_schedulers s
+                WHERE s.scheduler_id = conveyor_task_instances.claimed_by
+                  AND s.lease_until > %(now)s);
+
 -- name: mark_published
-UPDATE conveyor_task_instances SET published_at = %(now)s, deadline = %(now)s + queued_timeout
+UPDATE conveyor_task_instances
+   SET published_at = %(now)s, deadline = %(now)s + queued_timeout + %(start_grace)s,
+       waiting_for = NULL
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued' AND published_at IS NULL;
 
 -- name: due
@@ -274,6 +356,9 @@ UPDATE conveyor_attempts
        pid = COALESCE(pid, %(pid)s)
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
 
+-- name: attempt_outcome
+SELECT outcome FROM conveyor_attempts WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
+
 -- name: ti_heartbeat
 UPDATE conveyor_task_instances
    SET state = 'running', heartbeat_at = %(now)s, started_at = COALESCE(started_at, %(at)s),
@@ -287,18 +372,27 @@ UPDATE conveyor_task_instances SET deadline = NULL
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued';
 
 -- name: ti_unparked
-UPDATE conveyor_task_instances SET deadline = %(now)s + queued_timeout
+UPDATE conveyor_task_instances SET deadline = %(now)s + queued_timeout + %(start_grace)s
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued';
 
 -- name: ti_requeued
 UPDATE conveyor_task_instances
    SET state = 'queued', queued_at = %(now)s, published_at = %(now)s, error = %(error)s,
-       deadline = %(now)s + queued_timeout
+       deadline = %(now)s + queued_timeout + %(start_grace)s
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
 
 -- name: ti_succeeded
 UPDATE conveyor_task_instances
    SET state = 'success', ended_at = %(at)s, error = NULL, deadline = NULL, result = %(result)s,
+       started_at = COALESCE(started_at, %(started)s),
+       hostname = COALESCE(hostname, %(hostname)s), pid = COALESCE(pid, %(pid)s)
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: ti_skipped
+-- The attempt skipped itself (raised Skip, or its command exited with a skip code); why is
+-- kept in `error`, for people (the state says it is not one).
+UPDATE conveyor_task_instances
+   SET state = 'skipped', ended_at = %(at)s, error = %(reason)s, deadline = NULL,
        started_at = COALESCE(started_at, %(started)s),
        hostname = COALESCE(hostname, %(hostname)s), pid = COALESCE(pid, %(pid)s)
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
@@ -315,6 +409,22 @@ UPDATE conveyor_task_instances
    SET state = 'failed', ended_at = %(at)s, error = %(error)s, deadline = NULL
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
 
+-- name: ti_cancelled
+-- The attempt was cancelled (its worker says so, or `runs cancel` / `tasks cancel` did it):
+-- a terminal state, never retried, left only by a clear or a mark. Any state that has not
+-- ended may be cancelled (the engine's event: queued or running; the operations, with the
+-- run locked: pending and up_for_retry too).
+UPDATE conveyor_task_instances
+   SET state = 'cancelled', ended_at = %(at)s, error = %(error)s, deadline = NULL,
+       next_retry_at = NULL
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s
+   AND state IN ('pending', 'queued', 'running', 'up_for_retry');
+
+-- name: cancel_run
+-- A run cancelled as a whole: it ends cancelled once nothing in it runs (finish_run).
+UPDATE conveyor_runs SET cancelled_at = %(now)s
+ WHERE run_id = %(run_id)s AND state IN ('queued', 'running') AND cancelled_at IS NULL;
+
 -- name: record_attempt
 INSERT INTO conveyor_attempts (ti_id, attempt, outcome, queued_at, started_at, ended_at,
                                hostname, pid, error, result, log)
@@ -322,23 +432,18 @@ SELECT ti_id, attempt, %(outcome)s, queued_at, started_at, %(at)s, hostname, pid
        %(result)s, %(log)s
   FROM conveyor_task_instances WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
 
--- name: upstream_failed
-WITH RECURSIVE below (task_id) AS (
-    SELECT downstream FROM conveyor_edges WHERE run_id = %(run_id)s AND upstream = %(task_id)s
-    UNION
-    SELECT e.downstream FROM conveyor_edges e JOIN below b ON e.upstream = b.task_id
-     WHERE e.run_id = %(run_id)s
-)
-UPDATE conveyor_task_instances SET state = 'upstream_failed', ended_at = %(now)s
- WHERE run_id = %(run_id)s AND state = 'pending' AND task_id IN (SELECT task_id FROM below);
-
 -- name: finish_run
+-- A run cancelled as a whole (`runs cancel`: cancelled_at) ends cancelled, even before it
+-- started; else failed if any task failed (failed, upstream_failed, cancelled), else success:
+-- a task `skipped` by a trigger rule or a branch counts as fine, as in Airflow.
 UPDATE conveyor_runs
    SET ended_at = %(now)s,
-       state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_task_instances
-                                  WHERE run_id = %(run_id)s AND state <> 'success')
+       state = CASE WHEN cancelled_at IS NOT NULL THEN 'cancelled'
+                    WHEN EXISTS (SELECT 1 FROM conveyor_task_instances
+                                  WHERE run_id = %(run_id)s AND state NOT IN ('success', 'skipped'))
                     THEN 'failed' ELSE 'success' END
- WHERE run_id = %(run_id)s AND state = 'running'
+ WHERE run_id = %(run_id)s
+   AND (state = 'running' OR (state = 'queued' AND cancelled_at IS NOT NULL))
    AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances
                     WHERE run_id = %(run_id)s
                       AND state IN ('pending', 'queued', 'running', 'up_for_retry'))
@@ -362,13 +467,13 @@ CREATE TABLE conveyor_workers (
 -- name: upsert_worker
 -- `runners`: what each of its runner slots holds, as JSON (see worker/registry.py).
 INSERT INTO conveyor_workers (worker_id, hostname, pid, queues, concurrency, busy, interval,
-                              started_at, heartbeat_at, runners)
+                              started_at, heartbeat_at, runners, code_version)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(queues)s, %(concurrency)s, %(busy)s,
-        %(interval)s, %(started_at)s, %(now)s, %(runners)s)
+        %(interval)s, %(started_at)s, %(now)s, %(runners)s, %(code_version)s)
 ON CONFLICT (worker_id) DO UPDATE
    SET busy = excluded.busy, queues = excluded.queues, concurrency = excluded.concurrency,
        interval = excluded.interval, heartbeat_at = excluded.heartbeat_at,
-       runners = excluded.runners;
+       runners = excluded.runners, code_version = excluded.code_version;
 
 -- name: delete_worker
 DELETE FROM conveyor_workers WHERE worker_id = %(worker_id)s;
@@ -434,10 +539,11 @@ ALTER TABLE conveyor_task_instances ADD COLUMN result TEXT;
 ALTER TABLE conveyor_attempts ADD COLUMN result TEXT;
 
 -- name: upstream_results
--- What the parents of a task returned, for its arguments and its context.
+-- What the parents of a task returned, for its arguments and its context (a skipped one:
+-- nothing, but a mapped task skipped by an instance keeps its list, None for that one).
 SELECT p.task_id, p.result FROM conveyor_edges e
   JOIN conveyor_task_instances p ON p.run_id = e.run_id AND p.task_id = e.upstream
- WHERE e.run_id = %(run_id)s AND e.downstream = %(task_id)s AND p.state = 'success';
+ WHERE e.run_id = %(run_id)s AND e.downstream = %(task_id)s AND p.state IN ('success', 'skipped');
 
 -- name: migration_0006
 -- Operations on DAGs and runs: a paused DAG starts no runs; `tries` keeps a task's attempt
@@ -473,29 +579,28 @@ UPDATE conveyor_task_instances
  WHERE ti_id = %(ti_id)s AND state NOT IN ('queued', 'running');
 
 -- name: ti_mark
--- Set by hand: the attempt in flight, if any, is ignored when its outcome arrives.
+-- Set by hand: the attempt in flight, if any, is ignored when its outcome arrives. A task that
+-- had ended keeps its end (its TOOK is what it took, not the time until the mark).
 UPDATE conveyor_task_instances
-   SET state = %(state)s, ended_at = %(now)s, deadline = NULL, next_retry_at = NULL,
+   SET state = %(state)s, ended_at = COALESCE(ended_at, %(now)s), deadline = NULL, next_retry_at = NULL,
        error = %(error)s
  WHERE ti_id = %(ti_id)s;
 
--- name: reblock_pending
--- Pending tasks below a failed one are upstream_failed (repeat until nothing changes).
-UPDATE conveyor_task_instances AS t SET state = 'upstream_failed', ended_at = %(now)s
- WHERE t.run_id = %(run_id)s AND t.state = 'pending'
-   AND EXISTS (SELECT 1 FROM conveyor_edges e
-                 JOIN conveyor_task_instances p
-                   ON p.run_id = e.run_id AND p.task_id = e.upstream
-                WHERE e.run_id = t.run_id AND e.downstream = t.task_id
-                  AND p.state IN ('failed', 'upstream_failed'));
+-- name: ti_retry_now
+-- A task waiting out its retry delay is due now: the next scheduler tick queues the attempt.
+UPDATE conveyor_task_instances SET deadline = %(now)s, next_retry_at = %(now)s
+ WHERE ti_id = %(ti_id)s AND state = 'up_for_retry';
 
 -- name: reopen_run
 -- A run whose tasks were cleared or marked goes back to queued: the next scheduler tick
 -- starts it, dispatches what is ready, and ends it if nothing is left to do.
-UPDATE conveyor_runs SET state = 'queued', ended_at = NULL WHERE run_id = %(run_id)s;
+-- A cancelled run reopened this way is no longer cancelled as a whole.
+UPDATE conveyor_runs SET state = 'queued', ended_at = NULL, cancelled_at = NULL
+ WHERE run_id = %(run_id)s;
 
 -- name: unblock_below
--- Tasks held back only by a failure above a task marked success may run again.
+-- Tasks below a task marked success that did not run (upstream_failed or skipped) are
+-- pending again: the trigger rules judge them afresh (readiness.settle_run).
 WITH RECURSIVE below (task_id) AS (
     SELECT e.downstream FROM conveyor_edges e
      WHERE e.run_id = %(run_id)s AND e.upstream = %(task_id)s::text
@@ -504,7 +609,7 @@ WITH RECURSIVE below (task_id) AS (
      WHERE e.run_id = %(run_id)s
 )
 UPDATE conveyor_task_instances SET state = 'pending', ended_at = NULL
- WHERE run_id = %(run_id)s AND state = 'upstream_failed'
+ WHERE run_id = %(run_id)s AND state IN ('upstream_failed', 'skipped')
    AND task_id IN (SELECT task_id FROM below);
 
 -- name: dag_active_runs
@@ -525,22 +630,25 @@ ALTER TABLE conveyor_dags ADD COLUMN max_active_runs INTEGER;
 UPDATE conveyor_dags SET max_active_runs = %(max_active_runs)s WHERE dag_id = %(dag_id)s;
 
 -- name: find_runs
--- The dashboard's run list: newest first, by DAG and state ('' = any) and logical date.
+-- The run list (dashboard, `runs list`): newest logical date first, as Airflow lists them
+-- (runs a backfill created in one millisecond in date order), by DAG, state ('' = any) and
+-- logical date.
 SELECT * FROM conveyor_runs
  WHERE (%(dag_id)s = '' OR dag_id = %(dag_id)s) AND (%(state)s = '' OR state = %(state)s)
    AND logical_date >= %(since)s AND logical_date < %(until)s
- ORDER BY created_at DESC, run_id DESC LIMIT %(limit)s;
+ ORDER BY logical_date DESC, created_at DESC, run_id DESC LIMIT %(limit)s;
 
 -- name: run_edges
 SELECT upstream, downstream FROM conveyor_edges WHERE run_id = %(run_id)s
  ORDER BY upstream, downstream;
 
 -- name: dag_grid
--- The task instances of a DAG's newest runs, for the grid of runs x tasks.
+-- The task instances of a DAG's newest runs, for the grid of runs x tasks: a mapped task
+-- is one cell (with how many instances it has), its instances are on its page.
 SELECT t.run_id, t.task_id, t.position, t.state, t.attempt, r.logical_date,
-       r.state AS run_state
+       r.state AS run_state, t.map_count
   FROM conveyor_task_instances t JOIN conveyor_runs r ON r.run_id = t.run_id
- WHERE t.run_id IN (SELECT run_id FROM conveyor_runs WHERE dag_id = %(dag_id)s
+ WHERE t.map_task IS NULL AND t.run_id IN (SELECT run_id FROM conveyor_runs WHERE dag_id = %(dag_id)s
                      ORDER BY logical_date DESC LIMIT %(limit)s)
  ORDER BY r.logical_date, t.position;
 
@@ -639,3 +747,289 @@ ALTER TABLE conveyor_attempts ADD COLUMN log TEXT;
 ALTER TABLE conveyor_queue_samples ADD COLUMN succeeded INTEGER;
 ALTER TABLE conveyor_queue_samples ADD COLUMN failed INTEGER;
 DROP INDEX conveyor_attempts_ended;
+
+-- name: migration_0011
+-- Each live scheduler's lease, renewed a third of a lease apart by a thread of its own, and
+-- on each task instance the scheduler that claimed its attempt for publishing: a live
+-- scheduler publishes the attempts a dead one claimed as soon as the dead one's lease lapses.
+CREATE TABLE conveyor_schedulers (
+    scheduler_id TEXT PRIMARY KEY,
+    hostname     TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    started_at   DOUBLE PRECISION NOT NULL,
+    lease_until  DOUBLE PRECISION NOT NULL
+);
+ALTER TABLE conveyor_task_instances ADD COLUMN claimed_by TEXT;
+
+-- name: renew_scheduler
+INSERT INTO conveyor_schedulers (scheduler_id, hostname, pid, started_at, lease_until)
+VALUES (%(scheduler)s, %(hostname)s, %(pid)s, %(now)s, %(now)s + %(lease)s)
+ON CONFLICT (scheduler_id) DO UPDATE SET lease_until = excluded.lease_until;
+
+-- name: schedulers
+SELECT * FROM conveyor_schedulers ORDER BY started_at;
+
+-- name: forget_scheduler
+DELETE FROM conveyor_schedulers WHERE scheduler_id = %(scheduler)s;
+
+-- name: forget_lapsed_schedulers
+-- Rows of schedulers whose lease lapsed long ago (killed): nothing they claimed waits on them.
+DELETE FROM conveyor_schedulers WHERE lease_until < %(now)s - %(older_than)s;
+
+-- name: migration_0012
+-- When a run was cancelled as a whole (`conveyor runs cancel`; NULL: it was not): it ends
+-- `cancelled`, not failed.
+ALTER TABLE conveyor_runs ADD COLUMN cancelled_at DOUBLE PRECISION;
+
+-- name: migration_0013
+-- Dynamic task mapping (`expand`): a mapped task's row stays its summary (`map_count`: how
+-- many instances it was expanded into, NULL until then) and each instance is a row of its own
+-- (`map_task`: the mapped task's id, `map_index`: its element), created with the summary's
+-- move from queued to running in one transaction, so a scheduler killed around it leaves
+-- exactly one set.
+ALTER TABLE conveyor_task_instances ADD COLUMN map_index INTEGER;
+ALTER TABLE conveyor_task_instances ADD COLUMN map_task TEXT;
+ALTER TABLE conveyor_task_instances ADD COLUMN map_count INTEGER;
+CREATE INDEX conveyor_ti_map ON conveyor_task_instances (run_id, map_task, map_index)
+    WHERE map_task IS NOT NULL;
+
+-- name: insert_map_instance
+-- One instance of a mapped task, queued and claimed for publishing like any ready task; its
+-- retry budget is the mapped task's.
+INSERT INTO conveyor_task_instances (ti_id, run_id, task_id, position, state, attempt,
+                                     max_attempts, executor, queue, priority, spec,
+                                     queued_timeout, heartbeat_timeout, queued_at, claimed_by,
+                                     deadline, map_index, map_task)
+SELECT %(ti_id)s, run_id, %(task_id)s, position, 'queued', 1, COALESCE(tries, max_attempts),
+       executor, queue, priority, %(spec)s, queued_timeout, heartbeat_timeout, %(now)s,
+       %(scheduler)s, %(now)s + %(lease)s, %(map_index)s, task_id
+  FROM conveyor_task_instances WHERE ti_id = %(map_ti_id)s;
+
+-- name: map_expanded
+-- The mapped task, once its instances exist: running until they have all ended.
+UPDATE conveyor_task_instances
+   SET state = 'running', map_count = %(count)s, published_at = %(now)s, started_at = %(now)s,
+       deadline = NULL, claimed_by = NULL
+ WHERE ti_id = %(ti_id)s AND state = 'queued' AND attempt = %(attempt)s;
+
+-- name: map_refused
+-- A mapped task that cannot expand (not a list, too long: failed) or has nothing to map
+-- over (skipped), decided when it would have been queued.
+UPDATE conveyor_task_instances
+   SET state = %(state)s, error = %(error)s, ended_at = %(now)s, deadline = NULL, claimed_by = NULL,
+       map_count = 0
+ WHERE ti_id = %(ti_id)s AND state = 'queued' AND attempt = %(attempt)s;
+
+-- name: run_has_maps
+-- Whether a run has a mapped task (a run is a snapshot: asked once per run and kept).
+SELECT 1 AS found FROM conveyor_task_instances
+ WHERE run_id = %(run_id)s AND (spec::jsonb -> 'expand') IS NOT NULL LIMIT 1;
+
+-- name: map_instances
+SELECT * FROM conveyor_task_instances WHERE run_id = %(run_id)s AND map_task = %(task_id)s
+ ORDER BY map_index;
+
+-- name: maps_done
+-- The mapped tasks of a run still running whose instances have all ended.
+SELECT p.* FROM conveyor_task_instances p
+ WHERE p.run_id = %(run_id)s AND p.state = 'running' AND p.map_count IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances c
+                    WHERE c.run_id = p.run_id AND c.map_task = p.task_id
+                      AND c.state IN ('pending', 'queued', 'running', 'up_for_retry'));
+
+-- name: map_closed
+UPDATE conveyor_task_instances
+   SET state = %(state)s, result = %(result)s, error = %(error)s, ended_at = %(now)s
+ WHERE ti_id = %(ti_id)s AND state = 'running' AND map_count IS NOT NULL;
+
+-- name: map_reopened
+-- A mapped task one of whose instances was cleared or marked: running again until they end.
+UPDATE conveyor_task_instances SET state = 'running', result = NULL, error = NULL,
+       ended_at = NULL
+ WHERE run_id = %(run_id)s AND task_id = %(task_id)s AND map_count > 0
+   AND state IN ('success', 'failed', 'skipped');
+
+-- name: forget_map_instances
+-- A mapped task cleared as a whole: its instances go, to be created again when it is ready.
+-- (their attempts go with them: ON DELETE CASCADE).
+DELETE FROM conveyor_task_instances WHERE run_id = %(run_id)s AND map_task = %(task_id)s;
+
+-- name: map_unexpanded
+UPDATE conveyor_task_instances SET map_count = NULL
+ WHERE run_id = %(run_id)s AND task_id = %(task_id)s;
+
+-- name: migration_0014
+-- Callbacks and deadlines. A run keeps its DAG's callbacks and deadline (`alerts`, JSON: a
+-- snapshot, like its tasks' specs), when it must have ended (`deadline_at`) and when the
+-- scheduler found it had not (`deadline_missed_at`). Each callback fired is a row, written in
+-- the transaction of the transition that fires it and unique per (task instance, attempt,
+-- kind), or (run, kind) with ti_id '': at most once per transition, whatever the number of
+-- schedulers. Its publish is claimed as an attempt's is (`claimed_by`, `deadline`: when to
+-- look again), so one recorded by a scheduler killed before publishing it is published by
+-- the next (at least once).
+ALTER TABLE conveyor_runs ADD COLUMN alerts TEXT;
+ALTER TABLE conveyor_runs ADD COLUMN deadline_at DOUBLE PRECISION;
+ALTER TABLE conveyor_runs ADD COLUMN deadline_missed_at DOUBLE PRECISION;
+CREATE INDEX conveyor_runs_deadline_due ON conveyor_runs (deadline_at)
+    WHERE deadline_at IS NOT NULL AND deadline_missed_at IS NULL
+      AND state IN ('queued', 'running');
+CREATE INDEX conveyor_runs_deadline_missed ON conveyor_runs (deadline_missed_at)
+    WHERE deadline_missed_at IS NOT NULL;
+CREATE TABLE conveyor_callbacks (
+    callback_id  TEXT PRIMARY KEY,
+    run_id       TEXT NOT NULL REFERENCES conveyor_runs (run_id) ON DELETE CASCADE,
+    ti_id        TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    kind         TEXT NOT NULL,
+    task         TEXT NOT NULL,
+    executor     TEXT NOT NULL,
+    queue        TEXT NOT NULL,
+    context      TEXT NOT NULL,
+    state        TEXT NOT NULL,
+    claimed_by   TEXT NOT NULL,
+    deadline     DOUBLE PRECISION,
+    created_at   DOUBLE PRECISION NOT NULL,
+    published_at DOUBLE PRECISION,
+    ended_at     DOUBLE PRECISION,
+    error        TEXT,
+    UNIQUE (run_id, ti_id, attempt, kind)
+);
+CREATE INDEX conveyor_callbacks_pending ON conveyor_callbacks (deadline)
+    WHERE state = 'pending';
+
+-- name: set_run_alerts
+UPDATE conveyor_runs SET alerts = %(alerts)s, deadline_at = %(deadline_at)s WHERE run_id = %(run_id)s;
+
+-- name: run_alerts
+SELECT run_id, dag_id, logical_date, state, alerts, deadline_at, deadline_missed_at
+  FROM conveyor_runs WHERE run_id = %(run_id)s;
+
+-- name: record_callback
+-- A transition fired a callback (the caller holds the transition's transaction); nothing if
+-- this one was recorded already.
+INSERT INTO conveyor_callbacks (callback_id, run_id, ti_id, attempt, kind, task, executor,
+                                queue, context, state, claimed_by, deadline, created_at)
+VALUES (%(callback_id)s, %(run_id)s, %(ti_id)s, %(attempt)s, %(kind)s, %(task)s, %(executor)s, %(queue)s, %(context)s,
+        'pending', %(scheduler)s, %(now)s + %(lease)s, %(now)s)
+ON CONFLICT (run_id, ti_id, attempt, kind) DO NOTHING;
+
+-- name: claimed_callbacks
+-- What this scheduler recorded and has not published yet.
+SELECT * FROM conveyor_callbacks WHERE state = 'pending' AND claimed_by = %(scheduler)s
+ ORDER BY created_at LIMIT %(limit)s;
+
+-- name: claim_lapsed_callbacks
+-- Recorded callbacks whose claimer is gone (killed before publishing them, or none: `runs
+-- cancel` records without a scheduler): ours to publish now.
+UPDATE conveyor_callbacks SET claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
+ WHERE callback_id IN (
+       SELECT callback_id FROM conveyor_callbacks c
+        WHERE c.state = 'pending' AND c.deadline <= %(now)s
+          AND NOT EXISTS (SELECT 1 FROM conveyor_schedulers s
+                           WHERE s.scheduler_id = c.claimed_by AND s.lease_until > %(now)s)
+        ORDER BY c.deadline LIMIT %(limit)s)
+   AND state = 'pending' AND deadline <= %(now)s   -- again: another scheduler may have claimed it
+RETURNING *;
+
+-- name: wait_for_callback_claimers
+-- Their claimer lives (it publishes them itself): look again when its lease would lapse.
+UPDATE conveyor_callbacks
+   SET deadline = (SELECT s.lease_until FROM conveyor_schedulers s
+                    WHERE s.scheduler_id = conveyor_callbacks.claimed_by)
+ WHERE state = 'pending' AND deadline <= %(now)s
+   AND EXISTS (SELECT 1 FROM conveyor_schedulers s
+                WHERE s.scheduler_id = conveyor_callbacks.claimed_by
+                  AND s.lease_until > %(now)s);
+
+-- name: callback_published
+UPDATE conveyor_callbacks SET state = 'published', published_at = %(now)s, deadline = NULL
+ WHERE callback_id = %(callback_id)s AND state = 'pending';
+
+-- name: callback_ended
+-- Its outcome (succeeded, failed), once: a duplicate event changes nothing.
+UPDATE conveyor_callbacks SET state = %(state)s, ended_at = %(now)s, error = %(error)s, deadline = NULL
+ WHERE callback_id = %(callback_id)s AND state IN ('pending', 'published');
+
+-- name: next_callback_deadline
+SELECT MIN(deadline) AS at FROM conveyor_callbacks WHERE state = 'pending';
+
+-- name: run_ends_recorded
+-- How many callbacks of the run's own ends were recorded: the next one's `attempt` is one more,
+-- so a run reopened (`tasks clear`) that ends again fires again.
+SELECT COUNT(*) AS n FROM conveyor_callbacks
+ WHERE run_id = %(run_id)s AND ti_id = '' AND kind <> 'deadline';
+
+-- name: run_callbacks
+SELECT * FROM conveyor_callbacks WHERE run_id = %(run_id)s ORDER BY created_at, kind;
+
+-- name: callback_failures
+SELECT kind, COUNT(*) AS n FROM conveyor_callbacks WHERE state = 'failed' GROUP BY kind;
+
+-- name: deadlines_due
+SELECT run_id FROM conveyor_runs
+ WHERE deadline_at IS NOT NULL AND deadline_missed_at IS NULL
+   AND state IN ('queued', 'running') AND deadline_at <= %(now)s
+ ORDER BY deadline_at LIMIT %(limit)s;
+
+-- name: miss_deadline
+-- The run had not ended by its deadline: marked once (two schedulers race on this guard).
+UPDATE conveyor_runs SET deadline_missed_at = %(now)s
+ WHERE run_id = %(run_id)s AND deadline_at IS NOT NULL AND deadline_missed_at IS NULL
+   AND state IN ('queued', 'running') AND deadline_at <= %(now)s
+RETURNING run_id, dag_id, logical_date, state, alerts, deadline_at, deadline_missed_at;
+
+-- name: next_run_deadline
+SELECT MIN(deadline_at) AS at FROM conveyor_runs
+ WHERE deadline_at IS NOT NULL AND deadline_missed_at IS NULL
+   AND state IN ('queued', 'running');
+
+-- name: deadlines_missed
+SELECT COUNT(*) AS n FROM conveyor_runs WHERE deadline_missed_at IS NOT NULL;
+
+-- name: migration_0015
+-- Whether a task instance is a branch (`dag.branch`: 1), in a column of its own: readiness
+-- counts the branches among a pending task's upstreams from it, where it once looked for
+-- `"branch": {` in the spec's JSON text (which a change of json.dumps's separators would have
+-- silently missed). Runs created before it get it from their specs.
+ALTER TABLE conveyor_task_instances ADD COLUMN is_branch INTEGER NOT NULL DEFAULT 0;
+UPDATE conveyor_task_instances SET is_branch = 1
+ WHERE (spec::jsonb -> 'branch') IS NOT NULL;
+
+-- name: migration_0016
+-- Runs pinned to their code. Each worker announces its code version (`code_version`); a run
+-- records the version its first task started on; a pinned run's task that no live worker of
+-- that version serves is held unpublished, `waiting_for` naming the version, and looked at
+-- again at its `deadline`. Each DAG file's source is kept once per version (its hash), so a
+-- run shows the source it was created from after the file changed.
+ALTER TABLE conveyor_workers ADD COLUMN code_version TEXT;
+ALTER TABLE conveyor_runs ADD COLUMN code_version TEXT;
+ALTER TABLE conveyor_task_instances ADD COLUMN waiting_for TEXT;
+CREATE TABLE conveyor_dag_sources (
+    version      TEXT PRIMARY KEY,
+    file         TEXT NOT NULL,
+    source       TEXT NOT NULL,
+    created_at   DOUBLE PRECISION NOT NULL
+);
+
+-- name: set_run_code_version
+-- The code version of the worker the run's first task started on (later ones keep it).
+UPDATE conveyor_runs SET code_version = %(code_version)s
+ WHERE run_id = %(run_id)s AND code_version IS NULL;
+
+-- name: run_code_versions
+SELECT run_id, code_version FROM conveyor_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: ti_hold
+-- A pinned task no live worker of its run's code version serves: kept unpublished, said
+-- so, and looked at again at :at.
+UPDATE conveyor_task_instances SET waiting_for = %(version)s, deadline = %(at)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued'
+   AND published_at IS NULL;
+
+-- name: put_dag_source
+INSERT INTO conveyor_dag_sources (version, file, source, created_at)
+VALUES (%(version)s, %(file)s, %(source)s, %(now)s)
+ON CONFLICT (version) DO NOTHING;
+
+-- name: dag_source
+SELECT * FROM conveyor_dag_sources WHERE version = %(version)s;

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from conveyor.broker import Broker
+from conveyor.broker import Administrator
 from conveyor.readers import deadletters as dead
 from conveyor.readers.queues import known_queues
 from conveyor.ui.html import action_form, e, seg, select, table, url
@@ -20,10 +20,9 @@ LIMIT, MAX_LIMIT = 100, 10_000
 #: Ids per requeue or purge call.
 BATCH = 500
 
-Action = Callable[[Broker, str, Sequence[str] | None], int]
-ACTIONS: dict[str, tuple[Action, str]] = {
-    "requeue": (lambda b, q, ids: b.requeue_dead(q, ids), "requeued"),
-    "purge": (lambda b, q, ids: b.purge_dead(q, ids), "deleted")}
+Action = Callable[[Administrator, str, Sequence[str] | None], int]
+#: What each verb did, said in its answer.
+DONE = {"requeue": "requeued", "purge": "deleted"}
 
 
 def register(ui: Dashboard) -> None:
@@ -38,10 +37,14 @@ def register(ui: Dashboard) -> None:
 
 def queues(ui: Dashboard, chosen: str) -> list[str]:
     """The queue asked for, or every queue worth looking at."""
-    if chosen:
-        return [chosen]
-    with ui.store() as store:
-        return known_queues(store, ui.config.extra_queues)
+    return [chosen] if chosen else every_queue(ui)
+
+
+def every_queue(ui: Dashboard) -> list[str]:
+    """Queues in use and, as `conveyor dead-letters list` shows them, every queue the broker
+    says holds dead letters (one no live worker consumes included)."""
+    with ui.store() as store, ui.broker() as broker:
+        return known_queues(store, ui.config.extra_queues, broker=broker)
 
 
 def listing(ui: Dashboard, request: Request) -> tuple[list[str], list[dict[str, Any]]]:
@@ -61,8 +64,7 @@ def list_api(ui: Dashboard, request: Request) -> Response:
 
 def list_page(ui: Dashboard, request: Request) -> Response:
     names, rows = listing(ui, request)
-    with ui.store() as store:
-        every = known_queues(store, ui.config.extra_queues)
+    every = every_queue(ui)
     queue, reason = request.arg("queue"), request.arg("reason")
     body = (f"<h1>Dead letters</h1>{_filters(every, queue, reason)}"
             + _bulk(queue, reason, len(rows))
@@ -133,6 +135,8 @@ def one_page(ui: Dashboard, request: Request, queue: str, dead_id: str) -> Respo
             f'{e(queue)}</a></p><h1>Dead letter <code>{e(letter.id)}</code></h1>'
             f'<p class="reason-block">{e(letter.reason)}</p><dl class="facts">{facts}</dl>'
             f'<p>{action_form("/api/dead-letters/requeue", "Requeue", fields=fields)} '
+            + action_form("/api/dead-letters/requeue", "Requeue with a fresh retry budget",
+                          fields={**fields, "fresh": "1"}) + " "
             + action_form("/api/dead-letters/purge", "Purge", fields=fields,
                           confirm=f"Delete dead letter {letter.id} for good?")
             + f'</p><h2>{e(header)}</h2><pre class="body">{e(chr(10).join(rest))}</pre>')
@@ -141,7 +145,8 @@ def one_page(ui: Dashboard, request: Request, queue: str, dead_id: str) -> Respo
 
 def requeue(ui: Dashboard, request: Request) -> Response:
     """Put dead letters back on their queue; body: {"queue", "id" or "ids" or "reason" or
-    "all": true} (no queue: every queue in use)."""
+    "all": true} (no queue: every queue in use). Each keeps its attempt count (one more try)
+    unless "fresh": true, which starts it again at attempt 1 (a fresh retry budget)."""
     return _apply(ui, request, "requeue")
 
 
@@ -157,18 +162,36 @@ def _apply(ui: Dashboard, request: Request, verb: str) -> Response:
     every = doc.get("all") in (True, "true", "1")
     if not (ids or reason or every):
         raise HttpError(400, f"say which dead letters: id, ids, reason or all (nothing was "
-                        f"{ACTIONS[verb][1]})")
-    action, done = ACTIONS[verb]
+                        f"{DONE[verb]})")
+    done, how = DONE[verb], ""
+    action: Action = lambda b, q, ids: b.purge_dead(q, ids)   # noqa: E731
+    if verb == "requeue":
+        fresh = doc.get("fresh") in (True, "true", "1")
+        action = _requeue(ui, fresh)
+        how = (" with a fresh retry budget (attempt 1)" if fresh else
+               ", each keeping its attempt count: one more try each")
     counts: dict[str, int] = {}
     with ui.broker() as broker:
         for queue in queues(ui, str(doc.get("queue") or "")):
             counts[queue] = _apply_queue(broker, queue, ids, reason, every, action)
     total = sum(counts.values())
     return Response.json({done: total, "queues": counts,
-                          "message": f"{done} {total} dead letter(s)"})
+                          "message": f"{done} {total} dead letter(s){how}"}
+                         | ({"fresh": how.startswith(" with")} if how else {}))
 
 
-def _apply_queue(broker: Broker, queue: str, ids: list[str], reason: str, every: bool,
+def _requeue(ui: Dashboard, fresh: bool) -> Action:
+    """Requeue (at attempt 1 when `fresh`; an `expires` counted again from now), with the
+    codec (signing key) the workers read messages with."""
+    codec = ui.config.scheduler.settings.codec()
+
+    def requeue(broker: Administrator, queue: str, ids: Sequence[str] | None) -> int:
+        chosen = None if ids is None else dead.select(broker, queue, ids)
+        return dead.requeue(broker, queue, chosen, codec, fresh=fresh)[0]
+    return requeue
+
+
+def _apply_queue(broker: Administrator, queue: str, ids: list[str], reason: str, every: bool,
                  action: Action) -> int:
     if every and not ids and not reason:
         return action(broker, queue, None)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.readers.queue_history import HOUR, queue_overview
 from conveyor.ui.charts import depth_chart, finished_chart
-from conveyor.ui.html import e, table, url
+from conveyor.ui.html import e, table, url, when
 from conveyor.ui.http import Request, Response
 
 if TYPE_CHECKING:
@@ -28,12 +28,14 @@ def overview(ui: Dashboard, request: Request) -> dict[str, Any]:
     minutes = request.int_arg("minutes", int(HOUR / 60), 5, MAX_MINUTES)
     with ui.store() as store, ui.broker() as broker:
         return queue_overview(store, broker, ui.config.extra_queues, time.time(),
-                              window=minutes * 60.0)
+                              window=minutes * 60.0, scheduler_queues=ui.scheduler_queues())
 
 
 def queues_api(ui: Dashboard, request: Request) -> Response:
-    """Each queue's depth now, tasks finished and failure rate over the window (`minutes`,
-    default 60), and the depth samples and per-minute counts behind the charts."""
+    """Each queue's depth now, its consumers (live registered workers), tasks finished and
+    failure rate over the window (`minutes`, default 60; null with `sampled` false when no
+    scheduler samples the queue now), and the samples and per-minute counts behind the
+    charts."""
     doc = overview(ui, request)
     # the window's ends move with the clock: left out, the page refreshes only when the
     # data changes (a new sample, a finished task, a depth), not at every poll
@@ -43,8 +45,9 @@ def queues_api(ui: Dashboard, request: Request) -> Response:
 def queues_page(ui: Dashboard, request: Request) -> Response:
     doc = overview(ui, request)
     minutes = round(doc["window"] / 60)
-    rows = table(["queue", "ready", "in flight", "delayed", "dead", "finished / min",
-                  "failed", "failure rate"], (_row(q) for q in doc["queues"]), cls="queues")
+    rows = table(["queue", "ready", "in flight", "delayed", "dead", "consumers",
+                  "finished / min", "failed", "failure rate"], (_row(q) for q in doc["queues"]),
+                 cls="queues")
     charts = "".join(_charts(q["queue"], doc) for q in doc["queues"]
                      if q["queue"] in doc["depth"] or q["queue"] in doc["finished"])
     note = ("" if doc["depth"] else
@@ -54,21 +57,52 @@ def queues_page(ui: Dashboard, request: Request) -> Response:
             f'<p class="count">Depth now, read from the broker. Finished, failed and the '
             f"charts: the last {minutes} minutes, as the scheduler sampled them; finished "
             f"counts what registered workers reported (every task they ran; a retry "
-            f"counts again).</p>"
+            f"counts again); <i>not sampled</i>: no scheduler sampled the queue lately, so "
+            f"its counts are unknown (not zero). Consumers: the live registered workers that "
+            f"listen on it.</p>"
             f"{note}{_legend()}{charts}")
     return ui.page(request, "Queues", body, active="/queues",
                    poll=url("/api/queues", minutes=request.arg("minutes")))
 
 
 def _row(q: dict[str, Any]) -> list[str]:
+    cells = [f'<a href="#q-{e(q["queue"])}">{e(q["queue"])}</a>', e(q["ready"]),
+             e(q["in_flight"]), e(q["delayed"]),
+             (f'<a class="warn" href="{url("/dead-letters", queue=q["queue"])}">'
+              f'{e(q["dead"])}</a>' if q["dead"] else "0"), _consumers(q)]
+    if not q["sampled"]:
+        since = (f"no scheduler has sampled it since {when(q['last_sampled'])}"
+                 if q["last_sampled"] else "no scheduler has sampled it")
+        gap = f'<span class="empty" title="{e(since)}: counts unknown">not sampled</span>'
+        return cells + [gap, gap, gap]
     rate = q["failure_rate"]
-    return [f'<a href="#q-{e(q["queue"])}">{e(q["queue"])}</a>', e(q["ready"]),
-            e(q["in_flight"]), e(q["delayed"]),
-            (f'<a class="warn" href="{url("/dead-letters", queue=q["queue"])}">'
-             f'{e(q["dead"])}</a>' if q["dead"] else "0"),
-            e(f'{q["per_minute"]:g}'), e(q["failed"]),
-            "" if rate is None else f'<span class="{"warn" if rate else ""}">'
-                                    f"{e(f'{rate:.1%}')}</span>"]
+    return cells + [e(f'{q["per_minute"]:g}'), e(q["failed"]),
+                    "" if rate is None else f'<span class="{"warn" if rate else ""}">'
+                                            f"{e(f'{rate:.1%}')}</span>"]
+
+
+def _consumers(q: dict[str, Any]) -> str:
+    """How many live workers (or schedulers) listen on the queue; none while work waits is a
+    warning."""
+    found = q["consumers"]
+    if not found:
+        cls = "warn" if q["ready"] or q["delayed"] else "empty"
+        return (f'<span class="{cls}" title="no live registered worker or scheduler consumes '
+                'it">none</span>')
+    shown = []
+    for kind in ("worker", "scheduler"):
+        some = [c for c in found if c["kind"] == kind]
+        if not some:
+            continue
+        names = ", ".join(f'{c["host"]}:{c["pid"]}' for c in some)
+        text = f'{len(some)} {kind}{"s" if len(some) > 1 else ""}'
+        if kind == "worker":
+            slots = sum(c["concurrency"] for c in some)
+            shown.append(f'<a href="/workers" title="{e(names)}">{text}</a> '
+                         f'<span class="empty">({slots} slots)</span>')
+        else:
+            shown.append(f'<span title="{e(names)}">{text}</span>')
+    return ", ".join(shown)
 
 
 def _charts(queue: str, doc: dict[str, Any]) -> str:

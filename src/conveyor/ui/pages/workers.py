@@ -43,7 +43,8 @@ def workers_page(ui: Dashboard, request: Request) -> Response:
                   "intervals: killed, frozen or cut off from the state store)" if stale else "")
                + "</p>")
     body = "<h1>Workers</h1>" + table(
-        ["host", "pid", "queues", "slots", "last heartbeat", "state", "runners"],
+        ["host", "pid", "queues", "code version", "slots", "last heartbeat", "state",
+         "runners"],
         (_row(w) for w in rows), cls="workers",
         empty="no worker registered: workers register in the state store they are given "
               "with --state (CONVEYOR_STATE_URL)") + (summary if rows else "")
@@ -53,6 +54,7 @@ def workers_page(ui: Dashboard, request: Request) -> Response:
 def _row(w: dict[str, Any]) -> list[str]:
     state = badge("stale") if w["stale"] else badge("ok")
     return [e(w["host"]), e(w["pid"]), e(w["queues"].replace(",", ", ")),
+            f'<code>{e(w["code_version"])}</code>' if w["code_version"] else "",
             _slots(w["busy"], w["concurrency"]),
             f'<span title="{e(w["last_heartbeat"])}">{e(seconds(w["seconds_ago"]))} ago</span>',
             state, _runners(w["runners"])]
@@ -70,7 +72,10 @@ def _runners(runners: dict[str, Any] | None) -> str:
     items = "".join(f"<li>{_slot(s)}</li>" for s in runners.get("slots", []))
     cap = ' <span class="empty">(RLIMIT_AS fallback: resident memory shown, the cap is on ' \
           "address space)</span>" if runners.get("limiter") == "rlimit" else ""
-    return f'<ul class="runners">{items}</ul>{cap}'
+    teardown = runners.get("teardown", "")
+    slow = (f' <span class="empty">(a killed worker\'s runners die at {e(teardown)})</span>'
+            if teardown and not teardown.startswith("real-time") else "")
+    return f'<ul class="runners">{items}</ul>{cap}{slow}'
 
 
 def _slot(s: dict[str, Any]) -> str:

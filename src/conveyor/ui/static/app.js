@@ -6,6 +6,10 @@
 // polled while nobody looks.
 // Actions: <form class="action"> POSTs to an action endpoint with the operator's token (kept
 // in this tab's session storage, sent in the X-Conveyor-Token header, never in a cookie).
+// A read-only dashboard (<body class="read-only">) disables every action button, and again
+// after each refresh: a button that cannot work must not look as if it could.
+// After an action the content is fetched again; if what it showed is gone (a purged dead
+// letter: 404), the page says so instead of keeping the old content and its buttons.
 "use strict";
 
 const POLL_MS = 2000;
@@ -42,16 +46,46 @@ function typing(main) {
 async function refresh(force) {
   const main = document.getElementById("content");
   const res = await fetch(partialUrl(), {cache: "no-store"});
-  if (!res.ok) return false;
+  if (!res.ok && !(force && res.status === 404)) return false;
   const html = await res.text();
   if (!force && typing(main)) return false;
   main.innerHTML = html;
+  disableActions();
+  updateAges();
   document.dispatchEvent(new Event("conveyor:refreshed"));
   return true;
 }
 
+// A duration as people say it; the same words as html.py's `ago`.
+function ago(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor(s % 3600 / 60)} min`;
+  return `${Math.floor(s / 86400)} d ${Math.floor(s % 86400 / 3600)} h`;
+}
+
+// <time data-since="unix seconds">: how long ago, kept current without a refresh (the JSON
+// an open page polls leaves such ages out, so it changes only when the data does).
+function updateAges() {
+  const now = Date.now() / 1000;
+  for (const t of document.querySelectorAll("time[data-since]")) {
+    t.textContent = ago(now - Number(t.dataset.since));
+  }
+}
+
+function disableActions() {
+  const banner = document.getElementById("read-only");
+  if (!banner) return;
+  for (const button of document.querySelectorAll("form.action button")) {
+    button.disabled = true;
+    button.title = banner.textContent;
+  }
+}
+
 async function poll() {
   timer = null;
+  updateAges();
   const main = document.getElementById("content");
   const api = main && main.dataset.poll;
   if (!api || document.visibilityState !== "visible") return;
@@ -117,6 +151,7 @@ document.addEventListener("visibilitychange", () => {
 });
 
 document.addEventListener("DOMContentLoaded", () => {
+  disableActions();
   showToken();
   schedule();
 });

@@ -1,5 +1,5 @@
-"""What every memory limiter shares: errors, the outcome record, one-write cgroup
-file helpers, and the Slot and Limiter interfaces the supervisor uses.
+"""What every kind of memory caps shares: errors, the outcome record, one-write cgroup
+file helpers, and the Slot and MemoryCaps interfaces the supervisor uses.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from conveyor.errors import ConveyorError
 
@@ -127,20 +129,28 @@ def _alive(pid: int) -> bool:
 
 
 def _rmdir(path: Path, timeout: float = _RMDIR_TIMEOUT) -> None:
-    """rmdir, retrying while the kernel still releases processes that just exited (EBUSY)."""
-    deadline, delay = time.monotonic() + timeout, 0.001
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                raise CgroupError(f"could not remove {path}: {exc.strerror}; still inside: "
-                                  f"{_pids(path) or 'no process'}") from exc
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    """rmdir, retried while the kernel still releases processes that just exited (EBUSY):
+    tenacity's Retrying, pausing 1 ms doubling to 50 ms, for up to `timeout` seconds."""
+    retrying = Retrying(wait=wait_exponential(multiplier=0.001, max=0.05),
+                        stop=stop_after_delay(timeout), retry=retry_if_exception(_busy),
+                        reraise=True)
+    try:
+        retrying(_remove_dir, path)
+    except OSError as exc:
+        raise CgroupError(f"could not remove {path}: {exc.strerror}; still inside: "
+                          f"{_pids(path) or 'no process'}") from exc
+
+
+def _remove_dir(path: Path) -> None:
+    """rmdir; a directory already gone is removed."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return
+
+
+def _busy(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.EBUSY
 
 
 def _kill_until_empty(cgroup: Path, timeout: float = _KILL_TIMEOUT) -> int:
@@ -178,9 +188,8 @@ def _check_limit(name: str, memory_limit: int) -> None:
 
 
 class Slot:
-    """One task's memory cap: prepared in the supervisor, entered by (or for) the runner.
-
-    Slots are never reused: a retry or redelivery gets a new slot under a new name.
+    """One lane's memory cgroup (or rlimit): prepared in the supervisor, entered by (or for)
+    its fork server and runners, and capped for each task as it starts (`set_limit`).
     """
 
     kind = ""
@@ -241,11 +250,14 @@ class Slot:
 
 
 
-# -- limiters -------------------------------------------------------------------------------------
+# -- memory caps ---------------------------------------------------------------------------------
 
 
-class Limiter:
-    """Where a worker's task runners get their memory caps; one per worker process."""
+class MemoryCaps:
+    """Where a worker's task runners get their memory caps; one per worker process.
+
+    Named apart from flow control's `conveyor.limits.Limiter`, which has nothing to do
+    with memory."""
 
     kind = ""
 
@@ -260,14 +272,14 @@ class Limiter:
         raise NotImplementedError
 
     def prepare(self, name: str, memory_limit: int) -> Slot:
-        """A fresh slot for one task. `name` must be unique per task; 0 bytes = no cap."""
+        """A fresh slot (one per lane). `name` must be unique; 0 bytes = no cap."""
         if not _NAME.fullmatch(name):
             raise CgroupError(f"slot name {name!r} is not allowed: use 1-128 letters, digits, "
                               f"'_', '.', ':' or '-', starting with a letter or digit")
         _check_limit(name, memory_limit)
         with self._lock:
             if self._closed:
-                raise CgroupError(f"cannot prepare {name!r}: this limiter was closed")
+                raise CgroupError(f"cannot prepare {name!r}: these caps were closed")
             if name in self._slots:
                 raise CgroupError(f"slot {name!r} is still open: names must be unique per task "
                                   f"(e.g. message id, attempt and delivery)")
@@ -276,7 +288,7 @@ class Limiter:
         return slot
 
     def close(self) -> None:
-        """Kill what still runs in open slots and remove every directory this limiter made.
+        """Kill what still runs in open slots and remove every directory these caps made.
 
         Idempotent. Does nothing in a forked child: a runner must never tear down its
         worker's cgroups, even if its code ends up calling this. What cannot be cleaned up
@@ -308,7 +320,7 @@ class Limiter:
     def _teardown(self) -> list[str]:
         return []
 
-    def __enter__(self) -> Limiter:
+    def __enter__(self) -> MemoryCaps:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,

@@ -10,7 +10,7 @@ import threading
 
 from conveyor.worker.cgroups.base import (
     CgroupError,
-    Limiter,
+    MemoryCaps,
     Slot,
     SlotOutcome,
     _check_limit,
@@ -114,7 +114,7 @@ class _RlimitSlot(Slot):
 
 
 
-class _RlimitLimiter(Limiter):
+class _RlimitCaps(MemoryCaps):
     kind = "rlimit"
 
     def __init__(self, reasons: tuple[str, ...]) -> None:

@@ -1,5 +1,5 @@
 """Cgroup directories, v1 and v2 alike: where this process lives, the per-worker group,
-stale groups of dead workers, and the slot and limiter logic both versions share.
+stale groups of dead workers, and the slot and memory-caps logic both versions share.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conveyor.worker.cgroups.base import (
     CgroupError,
-    Limiter,
+    MemoryCaps,
     Slot,
     SlotOutcome,
     _alive,
@@ -132,7 +132,7 @@ def _try_rmdir(path: Path) -> bool:
 
 
 
-# -- what v1 and v2 slots and limiters share --------------------------------------------------
+# -- what v1 and v2 slots and memory caps share --------------------------------------------------
 
 
 class _CgroupSlot(Slot):
@@ -261,7 +261,7 @@ class _CgroupSlot(Slot):
 
 
 
-class _CgroupLimiter(Limiter):
+class _CgroupCaps(MemoryCaps):
     """Task cgroups under one group per worker: `<base>/conveyor-<pid>/task-<name>`."""
 
     slot_class: type[_CgroupSlot] = _CgroupSlot

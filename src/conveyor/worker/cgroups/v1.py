@@ -17,7 +17,7 @@ from conveyor.worker.cgroups.base import (
     read_text,
 )
 from conveyor.worker.cgroups.hierarchy import (
-    _CgroupLimiter,
+    _CgroupCaps,
     _CgroupSlot,
     _make_group,
     _own_dir,
@@ -67,7 +67,7 @@ def _swappiness_zero(path: Path) -> None:
 
 
 
-class _Cgroup1Limiter(_CgroupLimiter):
+class _Cgroup1Caps(_CgroupCaps):
     kind = "cgroup1"
     slot_class = _Cgroup1Slot
 
@@ -77,7 +77,7 @@ class _Cgroup1Limiter(_CgroupLimiter):
         return f"cgroup1: a memory cgroup per task under {self.group} ({swap})"
 
     @classmethod
-    def open(cls, parent: Path | None) -> _Cgroup1Limiter:
+    def open(cls, parent: Path | None) -> _Cgroup1Caps:
         """Use `parent` (a v1 memory cgroup directory) or this process's own memory cgroup."""
         own: Path | None
         try:

@@ -22,7 +22,7 @@ from conveyor.worker.cgroups.base import (
     read_text,
 )
 from conveyor.worker.cgroups.hierarchy import (
-    _CgroupLimiter,
+    _CgroupCaps,
     _CgroupSlot,
     _make_group,
     _own_dir,
@@ -64,7 +64,7 @@ class _Cgroup2Slot(_CgroupSlot):
 
 
 
-class _Cgroup2Limiter(_CgroupLimiter):
+class _Cgroup2Caps(_CgroupCaps):
     """cgroup v2: also moves the worker out of `base` so `base` may enable memory below it."""
 
     kind = "cgroup2"
@@ -83,7 +83,7 @@ class _Cgroup2Limiter(_CgroupLimiter):
                f"oom.group){moved}"
 
     @classmethod
-    def open(cls, parent: Path | None, controller: str = "memory") -> _Cgroup2Limiter:
+    def open(cls, parent: Path | None, controller: str = "memory") -> _Cgroup2Caps:
         """Use `parent` or this process's own v2 cgroup; see the module docstring for layout."""
         own: Path | None
         try:
@@ -97,15 +97,15 @@ class _Cgroup2Limiter(_CgroupLimiter):
         _check_v2_base(base, controller)
         if parent is None:
             _sweep_stale(base)
-        limiter = cls(base, _make_group(base), own, controller)
+        caps = cls(base, _make_group(base), own, controller)
         try:
-            limiter._delegate(move_self=own is not None and own.samefile(base))
+            caps._delegate(move_self=own is not None and own.samefile(base))
         except (OSError, _Unavailable) as exc:
-            problems = limiter._teardown()
+            problems = caps._teardown()
             reason = exc if isinstance(exc, _Unavailable) else f"{exc.filename}: {exc.strerror}"
             raise _Unavailable(f"{reason}" + (f" (cleanup: {'; '.join(problems)})"
                                                 if problems else "")) from None
-        return limiter
+        return caps
 
     def _delegate(self, move_self: bool) -> None:
         """Leaf for the worker if it lives in `base`, then enable the controller below."""

@@ -1,4 +1,4 @@
-"""The span exporter of the tracing tests (CONVEYOR_TRACING=tests.integration.tracing_export:
+"""The span exporter of the tracing tests (CONVEYOR_TRACING=tests.tracing_export:
 exporter): the SDK's InMemorySpanExporter, whose spans are also appended, one JSON line each,
 to the file $CONVEYOR_TEST_SPANS, so spans made in real client, worker and scheduler
 processes reach the test."""
@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 #: CONVEYOR_TRACING for a process whose spans the test reads (with CONVEYOR_TEST_SPANS)
-EXPORTER = "tests.integration.tracing_export:exporter"
+EXPORTER = "tests.tracing_export:exporter"
 
 
 class FileExporter(InMemorySpanExporter):

@@ -1,0 +1,239 @@
+"""Celery's canvas through the intake: an unchanged Celery producer's chain, group and chord
+(Redis and RabbitMQ as Celery's broker, results in Redis) run by a real `conveyor worker`, and
+`AsyncResult.get()` returns or raises what Celery would; what the intake cannot run is
+refused at once with the reason. Also the pieces, on messages Celery itself builds."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+import warnings
+from functools import partial
+from typing import Any
+
+import pytest
+import redis
+from celery import chain, chord, group
+from celery.exceptions import ChordError
+from kombu.exceptions import ContentDisallowed
+
+from conveyor.broker import from_url
+from conveyor.celery_intake.canvas import (
+    JOIN_KEY,
+    SIZE_KEY,
+    Follower,
+    chord_error,
+    publish_step,
+    step_message,
+    unique_key,
+)
+from conveyor.celery_intake.canvas_embed import (
+    CHAIN,
+    CHORD,
+    GROUP,
+    GROUP_INDEX,
+    CanvasRefused,
+    canvas_headers,
+)
+from conveyor.celery_intake.conversion import Accepted, Rejected, convert
+from conveyor.celery_intake.names import intake_queue
+from conveyor.celery_intake.results import RedisResults
+from conveyor.client import Client
+from conveyor.config import Settings
+from conveyor.events import Event
+from conveyor.message import Codec, Message
+from tests.conftest import REDIS_URL, delete_redis_prefix
+from tests.integration.test_celery_intake import Setup, setup  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow
+
+
+def sig(task: str, *args: Any, task_id: str = "id-2", **extra: Any) -> dict[str, Any]:
+    return {"task": task, "args": list(args), "kwargs": {}, "options": {"task_id": task_id},
+            "subtask_type": None, "immutable": False, **extra}
+
+
+# -- the pieces ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("embed", "headers", "phrase"), [
+    ({"callbacks": [sig("t.add")]}, {}, "link/link_error callbacks (callbacks)"),
+    ({"errbacks": [sig("t.add")]}, {}, "link/link_error callbacks (errbacks)"),
+    ({"chain": [sig("celery.chord", subtask_type="chord")]}, {}, "a group or chord inside"),
+    ({"chain": [sig("t.add", options={"task_id": "x", "link": [sig("t.add")]})]}, {},
+     "has its own link"),
+    ({"chain": [sig("t.add")], "chord": sig("t.tsum")}, {"group": "g", "group_index": 0},
+     "a chain inside a chord's group"),
+    ({"chord": sig("t.tsum")}, {}, "without 'group' and 'group_index'"),
+    ({"chord": sig("celery.chain", subtask_type="chain")}, {"group": "g", "group_index": 0},
+     "a canvas as a chord's callback"),
+    ({"chain": [{"task": "t.add", "options": {}}]}, {}, "has no task id"),
+])
+def test_what_the_intake_cannot_run_is_refused_with_its_reason(
+        embed: dict[str, Any], headers: dict[str, Any], phrase: str) -> None:
+    with pytest.raises(CanvasRefused, match=phrase.replace("(", r"\(").replace(")", r"\)")):
+        canvas_headers(embed, headers, follows=True)
+
+
+def test_a_chain_needs_the_result_backend_the_intake_follows() -> None:
+    with pytest.raises(CanvasRefused, match="needs --celery-result-backend"):
+        canvas_headers({"chain": [sig("t.add", 1)]}, {}, follows=False)
+    assert canvas_headers({"chain": None, "chord": None}, {}, follows=False) == {}
+
+
+def test_the_next_step_is_the_message_a_celery_worker_would_send() -> None:
+    parent = {"celery_id": "id-1", "celery_queue": "q"}
+    raw = step_message(sig("t.add", 10, task_id="id-2"), [3], "q", parent,
+                       [sig("t.add", 5, 5, task_id="id-3", immutable=True)])
+    args, kwargs, embed = json.loads(raw.body)
+    assert (raw.queue, raw.task_id, raw.task_name, args) == ("q", "id-2", "t.add", [3, 10])
+    assert raw.headers["root_id"] == "id-1" and raw.headers["parent_id"] == "id-1"
+    out = convert(raw, "celery.q", lambda name: None, 0.0, "results")
+    assert isinstance(out, Accepted) and out.message.id == "id-2"
+    assert json.loads(out.message.headers[CHAIN]) == embed["chain"]
+    immutable = step_message(sig("t.add", 5, 5, immutable=True, options={
+        "task_id": "id-3", "queue": "other"}), [13], "q", parent)
+    assert json.loads(immutable.body)[0] == [5, 5] and immutable.queue == "other"
+
+
+def test_a_failed_member_makes_the_chord_error_celery_stores() -> None:
+    culprit = {"id": "m1", "status": "FAILURE", "result": {
+        "exc_type": "ValueError", "exc_message": ["kaput"], "exc_module": "builtins"}}
+    doc = chord_error("cb", culprit)
+    assert doc["status"] == "FAILURE" and doc["task_id"] == "cb"
+    assert doc["result"] == {"exc_type": "ChordError", "exc_module": "celery.exceptions",
+                             "exc_message": ["Dependency m1 raised ValueError('kaput')"]}
+
+
+def test_a_refused_canvas_message_is_rejected_not_run() -> None:
+    from tests.integration.test_celery_protocol import celery_message
+    raw = celery_message(link=None)
+    body = json.loads(raw.body)
+    body[2]["callbacks"] = [sig("t.add")]
+    out = convert(raw.__class__(**{**raw.__dict__, "body": json.dumps(body).encode()}),
+                  "celery.q", lambda name: None, 0.0, "results")
+    assert isinstance(out, Rejected) and "link/link_error" in out.reason
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+def test_celery_chain_group_and_chord_return_what_celery_would(setup: Setup) -> None:  # noqa: F811
+    with warnings.catch_warnings():
+        # Celery's results (a chord's, a chain's parents) unsubscribe when collected, on a
+        # connection of their own that nobody closes: Celery's leak, not the intake's
+        warnings.simplefilter("ignore", ResourceWarning)
+        check_canvases(setup)
+        gc.collect()
+    assert "Traceback" not in setup.output(), setup.output()
+
+
+def check_canvases(setup: Setup) -> None:  # noqa: F811
+    app = setup.app
+    add, tsum, fail = app.tasks["t.add"], app.tasks["t.tsum"], app.tasks["t.fail"]
+    setup.worker()
+    chained = chain(add.s(1, 2), add.s(10), add.s(100)).apply_async()
+    immutable = chain(add.s(1, 2), add.si(5, 5)).apply_async()
+    grouped = group(add.s(i, i) for i in range(4)).apply_async()
+    chorded = chord([add.s(i, i) for i in range(5)], tsum.s()).apply_async()
+    failing = chain(add.s(1, 1), fail.si("kaput"), add.s(1)).apply_async()
+    chord_failing = chord([add.s(1, 1), fail.si("broken")], tsum.s()).apply_async()
+    linked = add.apply_async((1, 1), link=add.s(2))
+    nested = chain(add.s(1, 1), group(add.s(1), add.s(2)), tsum.s()).apply_async()
+    first_of_nested = nested.parent.parent
+    try:
+        assert setup.get(chained, 60) == 113, setup.output()
+        assert setup.get(immutable, 60) == 10
+        assert grouped.get(timeout=60) == [0, 2, 4, 6]
+        assert setup.get(chorded, 60) == 20
+        with pytest.raises(ValueError, match="kaput"):
+            setup.get(failing, 60)
+        assert failing.state == "PENDING"          # the step after the failure never ran
+        # the producer's get() raises the member's error (Celery checks the group first),
+        # and the callback's own result is Celery's ChordError naming that member
+        with pytest.raises((ValueError, ChordError), match="broken"):
+            setup.get(chord_failing, 60)
+        callback = app.AsyncResult(chord_failing.id)
+        with pytest.raises(ChordError, match=r"Dependency .* raised ValueError\('broken'\)"):
+            callback.get(timeout=60)
+        with pytest.raises(ContentDisallowed, match="link/link_error callbacks"):
+            setup.get(linked, 30)
+        with pytest.raises(ContentDisallowed, match="a group or chord inside a chain"):
+            setup.get(first_of_nested, 30)
+    finally:
+        setup.task_ids += [r.id for r in (*grouped.results, failing.parent, chained.parent,
+                                          chained.parent.parent, immutable.parent)]
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            for result in (chorded, chord_failing):
+                gid = result.parent.id if result.parent is not None else ""
+                client.delete(JOIN_KEY.format(group=gid), SIZE_KEY.format(group=gid))
+        finally:
+            client.close()
+
+
+def test_a_redelivered_outcome_publishes_each_follow_up_once(unique: str) -> None:
+    """The outcome loop follows before it acks, so a crash (or a second worker) follows an
+    outcome again: the next chain step and the chord's callback are still published once."""
+    broker_url = f"{REDIS_URL}?prefix={unique}"
+    client = Client.from_settings(Settings(broker_url=broker_url))
+    backend = RedisResults(REDIS_URL)
+    follower = Follower(backend, partial(publish_step, client, lambda name: None, "results"))
+    queue, group_id = f"q-{unique}", f"{unique}-group"
+    step = Event(kind="succeeded", message_id="m1", task="t.add", attempt=1, result=3,
+                 headers={"celery_id": f"{unique}-1", "celery_queue": queue,
+                          CHAIN: json.dumps([sig("t.add", 10, task_id=f"{unique}-2")])})
+    members = [Event(kind="succeeded", message_id=f"m{i}", task="t.add", attempt=1, result=i,
+                     headers={"celery_id": f"{unique}-m{i}", "celery_queue": queue,
+                              CHORD: json.dumps(sig("t.tsum", task_id=f"{unique}-cb")),
+                              GROUP: group_id, GROUP_INDEX: str(i)}) for i in (1, 0)]
+    redis_client = redis.Redis.from_url(REDIS_URL)
+    try:
+        redis_client.set(SIZE_KEY.format(group=group_id), 2, ex=600)
+        for event in (step, step, members[0], members[0], members[1], members[1]):
+            follower.follow(event, {"status": "SUCCESS", "result": event.result})
+        published = drain(broker_url, intake_queue(queue))
+    finally:
+        redis_client.delete(SIZE_KEY.format(group=group_id), JOIN_KEY.format(group=group_id))
+        redis_client.close()
+        backend.close()
+        client.close()
+        delete_redis_prefix(unique)
+    assert sorted((m.id, m.args) for m in published) == [
+        (f"{unique}-2", (3, 10)), (f"{unique}-cb", ([0, 1],))]
+
+
+def test_a_follower_killed_before_publishing_loses_nothing(unique: str) -> None:
+    """Killed between taking the step's key and publishing, a follower leaves the key to
+    lapse (PUBLISHING s, shortened here): the redelivered outcome then publishes the step."""
+    broker_url = f"{REDIS_URL}?prefix={unique}"
+    client = Client.from_settings(Settings(broker_url=broker_url))
+    backend = RedisResults(REDIS_URL)
+    follower = Follower(backend, partial(publish_step, client, lambda name: None, "results"))
+    queue = f"q-{unique}"
+    step = Event(kind="succeeded", message_id="m1", task="t.add", attempt=1, result=3,
+                 headers={"celery_id": f"{unique}-1", "celery_queue": queue,
+                          CHAIN: json.dumps([sig("t.add", 10, task_id=f"{unique}-2")])})
+    try:
+        client.limiter().hold(unique_key(f"{unique}-2"), "killed", time.time(), 0.3)
+        follower.follow(step, {"status": "SUCCESS", "result": 3})   # it is held: nothing
+        time.sleep(0.4)
+        follower.follow(step, {"status": "SUCCESS", "result": 3})   # lapsed: published
+        follower.follow(step, {"status": "SUCCESS", "result": 3})   # held a day: nothing
+        published = drain(broker_url, intake_queue(queue))
+    finally:
+        backend.close()
+        client.close()
+        delete_redis_prefix(unique)
+    assert [(m.id, m.args) for m in published] == [(f"{unique}-2", (3, 10))]
+
+
+def drain(broker_url: str, queue: str) -> list[Message]:
+    """Every message waiting on `queue`, acked as read."""
+    published: list[Message] = []
+    with from_url(broker_url) as broker:
+        for delivery in broker.consume([queue], prefetch=10, timeout=0.5):
+            if delivery is None:
+                break
+            broker.ack(delivery)
+            published.append(Codec().decode(delivery.body))
+    return published

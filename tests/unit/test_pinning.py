@@ -1,0 +1,160 @@
+"""Runs pinned to their code, in the engine: where a pinned run's tasks are published (the
+version its first task started on, while a live worker of it serves the queue), held with a
+reason while none does, and moved on by `pin_policy` after `pin_timeout`; shown on the
+dashboard's run and Workers pages."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.scheduler import DAG
+from conveyor.scheduler.config import SchedulerConfig
+from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.errors import DagError
+from conveyor.scheduler.runs import create_run
+from conveyor.state.monitoring import Workers
+from conveyor.state.store import Store
+from conveyor.ui.app import Dashboard, UiConfig
+from conveyor.ui.http import Request
+from tests.support import RecordingExecutor, event
+
+
+def pair(policy: str = "wait", timeout: float = 60.0, pin: bool = True) -> DAG:
+    dag = DAG("pair", pin_code=pin, pin_timeout=timeout, pin_policy=policy)
+    dag.command("first", ["true"]) >> dag.command("second", ["true"])
+    dag.validate()
+    return dag
+
+
+def worker(store: Store, version: str, now: float, queues: str = "default") -> None:
+    with store.transaction():
+        Workers(store).beat(worker_id=f"w-{version}", hostname=f"host-{version}", pid=1,
+                            queues=queues, concurrency=1, interval=10.0, started_at=now,
+                            busy=0, now=now, runners=None, code_version=version)
+
+
+def started_first(store: Store, dag: DAG, now: float, *, pin_code: bool | None = None
+                  ) -> tuple[Engine, RecordingExecutor, str]:
+    """A run whose first task started on a v1 worker and succeeded: `second` is dispatched."""
+    sent = RecordingExecutor()
+    engine = Engine(store, {"queue": sent}, dags={"pair": dag})
+    run_id = create_run(store, dag, now, executors=["queue"], pin_code=pin_code)
+    assert run_id is not None
+    engine.tick(now)
+    first = sent.pop("first")
+    engine.handle(event(first, "started", now, code_version="v1"), now)
+    engine.handle(event(first, "succeeded", now), now)
+    return engine, sent, run_id
+
+
+def second(store: Store, run_id: str) -> dict[str, Any]:
+    return next(r for r in store.rows("run_tis", run_id=run_id) if r["task_id"] == "second")
+
+
+def test_a_pinned_task_goes_to_its_versions_queue_while_a_worker_of_it_lives(
+        store: Store) -> None:
+    now = time.time()
+    worker(store, "v1", now)
+    worker(store, "v2", now)
+    _, sent, run_id = started_first(store, pair(), now)
+    assert sent.pop("second").message.queue == "default@v1"
+    assert store.one("run", run_id=run_id)["code_version"] == "v1"
+
+
+def test_an_unpinned_run_records_its_version_and_publishes_to_the_plain_queue(
+        store: Store) -> None:
+    now = time.time()
+    worker(store, "v1", now)
+    _, sent, run_id = started_first(store, pair(pin=False), now)
+    assert sent.pop("second").message.queue == "default"
+    assert store.one("run", run_id=run_id)["code_version"] == "v1"
+    _, sent, _ = started_first(store, pair(pin=False), now + 1, pin_code=True)  # per run
+    assert sent.pop("second").message.queue == "default@v1"
+
+
+def test_with_no_live_worker_of_its_version_a_task_is_held_then_published_when_one_comes(
+        store: Store) -> None:
+    now = time.time()
+    worker(store, "v2", now)
+    worker(store, "v1", now - 100)        # stale: no heartbeat for three intervals
+    engine, sent, run_id = started_first(store, pair(), now)
+    assert sent.task_ids() == []
+    held = second(store, run_id)
+    assert (held["state"], held["published_at"], held["waiting_for"]) == ("queued", None, "v1")
+    engine.tick(now + 1)                  # not due again yet: nothing changes
+    assert sent.task_ids() == []
+    engine.tick(now + 3)                  # looked at again: still none
+    assert sent.task_ids() == [] and second(store, run_id)["waiting_for"] == "v1"
+    worker(store, "v1", now + 4)
+    engine.tick(now + 6)
+    assert sent.pop("second").message.queue == "default@v1"
+    published = second(store, run_id)
+    assert published["published_at"] is not None and published["waiting_for"] is None
+
+
+def test_policy_newest_publishes_to_any_worker_after_the_timeout_and_wait_keeps_waiting(
+        store: Store) -> None:
+    now = time.time()
+    worker(store, "v2", now)
+    engine, sent, _ = started_first(store, pair("newest", timeout=5.0), now)
+    engine.tick(now + 3)
+    assert sent.task_ids() == []
+    engine.tick(now + 6)
+    assert sent.pop("second").message.queue == "default"
+    engine, sent, run_id = started_first(store, pair("wait", timeout=5.0), now + 1)
+    engine.tick(now + 30)
+    assert sent.task_ids() == [] and second(store, run_id)["waiting_for"] == "v1"
+
+
+def test_a_dag_refuses_an_unknown_pin_policy_or_a_negative_timeout() -> None:
+    with pytest.raises(DagError, match="pin_policy must be 'wait' or 'newest'"):
+        DAG("bad", pin_code=True, pin_policy="oldest")
+    with pytest.raises(DagError, match="pin_timeout"):
+        DAG("bad", pin_code=True, pin_timeout=-1)
+
+
+@pytest.fixture
+def ui(store: Store, tmp_path: Path, state_url: str) -> Iterator[Dashboard]:
+    config = SchedulerConfig.from_env({}, broker_url=f"sqlite:///{tmp_path}/broker.db",
+                                      state_url=state_url)
+    dashboard = Dashboard(UiConfig(config, ""))
+    yield dashboard
+    dashboard.close()
+
+
+def test_the_dashboard_shows_versions_the_wait_and_the_dag_source(
+        ui: Dashboard, store: Store, tmp_path: Path) -> None:
+    now = time.time()
+    worker(store, "v2", now)
+    dag = pair()
+    dag.version, dag.source, dag.file = "abc123", "# the DAG as it was\n", "/dags/pair.py"
+    _, _, run_id = started_first(store, dag, now)
+    page = ui.handle(Request("GET", f"/runs/{run_id}")).body.decode()
+    assert "<code>v1</code>, pinned" in page
+    assert "waiting for a worker of code version v1" in page
+    assert "# the DAG as it was" in page and "/dags/pair.py" in page
+    api = json.loads(ui.handle(Request("GET", f"/api/runs/{run_id}")).body)
+    assert api["code"]["waiting"] == {"second": "waiting for a worker of code version v1"}
+    assert "code_version" in api["waiting"]["second"][0]["reason"]
+    workers = ui.handle(Request("GET", "/workers")).body.decode()
+    assert "code version" in workers and "<code>v2</code>" in workers
+
+
+def test_a_task_held_by_a_dead_scheduler_is_published_once_by_another(store: Store) -> None:
+    """The holder keeps no lease (killed): another scheduler takes the hold over at its
+    recheck and publishes it; the first, were it back, finds nothing left to publish."""
+    now = time.time()
+    holder, held_by, run_id = started_first(store, pair(), now)
+    assert held_by.task_ids() == [] and second(store, run_id)["waiting_for"] == "v1"
+    worker(store, "v1", now + 1)
+    other = RecordingExecutor()
+    Engine(store, {"queue": other}, dags={"pair": pair()}).tick(now + 3)
+    assert other.pop("second").message.queue == "default@v1"
+    holder.tick(now + 10)
+    assert held_by.task_ids() == [] and other.task_ids() == []
