@@ -144,7 +144,8 @@ def _runners(supervisor: int) -> int:
 @task(name="iso.sleep")
 def sleep(seconds: float, marker: str) -> None:
     """A running sibling for the probe: stays until the probe is done (or `seconds` pass)."""
-    Path(marker).write_text(str(os.getpid()))
+    Path(marker + ".partial").write_text(str(os.getpid()))
+    os.replace(marker + ".partial", marker)    # whole, never read half written
     deadline = time.monotonic() + seconds
     while not Path(marker + ".done").exists() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -10,6 +10,15 @@ from pathlib import Path
 from conveyor.tasks import Retry, Skip, SoftTimeLimitExceeded, task
 
 
+def write_whole(path: str | Path, text: str) -> None:
+    """Write `text` so a test polling for the file never reads it half written: a test that
+    waits for the file to exist and then reads a pid read '' under load (Path.write_text
+    creates the file before it writes)."""
+    partial = Path(f"{path}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 @task(name="t.noop")
 def noop() -> None:
     return None
@@ -29,7 +38,7 @@ def tsum(values: list[int]) -> int:
 @task(name="t.sleep")
 def sleep(seconds: float, marker: str = "") -> str:
     if marker:
-        Path(marker).write_text(str(os.getpid()))
+        write_whole(marker, str(os.getpid()))
     time.sleep(seconds)
     return "slept"
 
@@ -145,7 +154,7 @@ def spy(victim_pid_file: str, control_pid: int) -> dict[str, str]:
 def wait_for_file(marker: str, release: str, cap: float = 60) -> str:
     """Write this runner's pid to `marker`, then wait until `release` exists (at most `cap`
     seconds): a victim that is alive whenever its spy looks, however late the spy starts."""
-    Path(marker).write_text(str(os.getpid()))
+    write_whole(marker, str(os.getpid()))
     deadline = time.time() + cap
     while not Path(release).exists() and time.time() < deadline:
         time.sleep(0.05)
@@ -180,7 +189,7 @@ def orphan(pid_file: str) -> int:
     """Leaves a child behind in its own session: the worker must not let it linger."""
     import subprocess
     child = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    Path(pid_file).write_text(str(child.pid))
+    write_whole(pid_file, str(child.pid))
     return child.pid
 
 
@@ -297,7 +306,7 @@ def follow_up_when(go: str, out: str) -> None:
         what = f"published {add.enqueue(1, 1).id}"
     except Exception as exc:  # noqa: BLE001 - what it says is the point
         what = f"{type(exc).__name__}: {exc}"
-    Path(out).write_text(f"{time.monotonic() - started:.1f} {what}")
+    write_whole(out, f"{time.monotonic() - started:.1f} {what}")
 
 
 @task(name="t.ledger")
@@ -308,7 +317,7 @@ def ledger(path: str, stop: str, seconds: float = 120, child_pid_file: str = "")
     if child_pid_file:
         import subprocess
         child = subprocess.Popen(["sleep", str(seconds)], start_new_session=True)
-        Path(child_pid_file).write_text(str(child.pid))
+        write_whole(child_pid_file, str(child.pid))
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     deadline, lines = time.monotonic() + seconds, 0
     while not os.path.exists(stop) and time.monotonic() < deadline:
@@ -353,7 +362,7 @@ def follow_up_interrupted(go: str, interrupted: str, resume: str, out: str) -> s
     Path(interrupted).touch()
     _wait_for_file(resume)
     second = add.enqueue(2, 2).id
-    Path(out).write_text(f"{first} {second}")
+    write_whole(out, f"{first} {second}")
     return second
 
 
