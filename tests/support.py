@@ -5,6 +5,7 @@ the real command line, and an executor that only records.
   first delivery a broker gives within a timeout.
 * `conveyor`, `spawn` and `stop` run the real command line, and never leave a process behind.
 * `Proxy` relays TCP to a service and can cut it: an outage of that service for one test.
+* `free_port` gives a port for a server a test starts, that nothing else will take meanwhile.
 * `RecordingExecutor` stands in for a real executor when a test drives the scheduler's engine
   with a fake clock: it keeps each workload it is given, and `event(...)` builds the events a
   worker would send back for one of them.
@@ -15,13 +16,16 @@ Fixtures and the services' URLs live in `tests/conftest.py`.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from conveyor.broker import Broker, Delivery
@@ -82,6 +86,64 @@ def event(work: Workload, kind: str, at: float, **fields: Any) -> Event:
     return event_for(work.message, kind, at=at, **fields)
 
 
+#: One file per port handed out by `free_port`, on this machine, for every test run on it.
+PORTS_TAKEN = Path(tempfile.gettempdir()) / f"conveyor-test-ports-{os.getuid()}"
+#: How long a port handed out stays out of `free_port`'s hands: longer than any test.
+PORT_HOLD = 3600.0
+
+
+def free_port(*hosts: str) -> int:
+    """A TCP port nothing listens on at `hosts` (127.0.0.1 by default), for a server a test
+    starts (a Redis, a RabbitMQ node, a metrics endpoint) and binds a moment later.
+
+    A port from bind(0), given up again, was the kernel's to hand to the next connection
+    anyone on the machine opens or to the next bind(0) of another test (3 xdist workers,
+    other runs beside): then the server did not start, rarely, under load. So the port comes
+    from below the kernel's ephemeral range (net.ipv4.ip_local_port_range), which neither
+    takes from, and is claimed by creating a file of its name in PORTS_TAKEN exclusively, so
+    no other caller on the machine is handed it for PORT_HOLD seconds."""
+    hosts = hosts or ("127.0.0.1",)
+    low = _ephemeral_low()
+    PORTS_TAKEN.mkdir(exist_ok=True)
+    for _ in range(500):
+        port = random.randrange(max(1024, low - 12000), low)
+        if _claim(port) and all(_bindable(host, port) for host in hosts):
+            return port
+    raise AssertionError(f"no free port below {low} after 500 tries: is {PORTS_TAKEN} full "
+                         f"of claims younger than {PORT_HOLD:g} s? (remove them if so)")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _claim(port: int) -> bool:
+    """Claim `port` for this caller; False if another holds it (a stale claim is taken over)."""
+    path = PORTS_TAKEN / str(port)
+    try:
+        if time.time() - path.stat().st_mtime > PORT_HOLD:
+            path.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class Proxy:
     """A TCP relay to `host:port` that a test can cut (every connection dropped, new ones
     refused) and restore on the same port: an outage of a shared service (Redis, Postgres,
@@ -91,7 +153,7 @@ class Proxy:
 
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
-        self.port = 0
+        self.port = free_port()  # restored on the same port: none a connection could take
         self._listener: socket.socket | None = None
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []

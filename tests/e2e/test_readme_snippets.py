@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_up import free_port
+from tests.support import free_port
 
 # The blocks run in order in one scratch project: one xdist worker takes them all.
 pytestmark = pytest.mark.xdist_group("readme")

@@ -7,7 +7,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +17,13 @@ from typing import Any
 import pytest
 
 from conveyor.scheduler.examples.revenue import ledger_counts
+from tests.support import free_port
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     return {**clean, "CONVEYOR_HOME": str(tmp_path / "home")}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start_up(env: dict[str, str], processes: list[subprocess.Popen[str]],

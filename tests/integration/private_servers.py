@@ -17,16 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))), None) \
     if Path("/usr/lib/postgresql").exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def accepts(port: int) -> bool:

@@ -9,7 +9,6 @@ on 127.0.0.x, one loopback address per pod, all on the same port as in a cluster
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from conveyor.limits import Override, Parcel
 from conveyor.locations import store_urls
 from conveyor.message import Codec
 from tests import flow_tasks
+from tests.support import free_port
 
 NS = "conveyor"
 COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -298,12 +298,6 @@ class MetricsHandler(BaseHTTPRequestHandler):
         pass
 
 
-def free_port(addr: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((addr, 0))
-        return int(sock.getsockname()[1])
-
-
 def test_idle_pods_are_marked_for_deletion_first(cluster: tuple[Cluster, int],
                                                  kubeconfig: Path, broker: Broker,
                                                  unique: str) -> None:
@@ -311,7 +305,7 @@ def test_idle_pods_are_marked_for_deletion_first(cluster: tuple[Cluster, int],
     the highest, the one that cannot be asked in between; the scale comes after."""
     state, _ = cluster
     state.replicas["worker-default"] = 3
-    port = free_port("127.0.0.2")
+    port = free_port("127.0.0.2", "127.0.0.3")
     servers = [serve(type("Idle", (MetricsHandler,), {"in_flight": 0}), "127.0.0.2", port),
                serve(type("Busy", (MetricsHandler,), {"in_flight": 3}), "127.0.0.3", port)]
     labels = {"app": "conveyor-worker", "queue": "default"}
@@ -382,7 +376,7 @@ def test_ready_messages_a_full_limit_blocks_do_not_scale_it_up(
         message = codec.decode(delivery.body)
         assert store.admit(Parcel(message.id, unique, delivery.body), limits_of(
             message.headers), time.time(), 600).granted
-    port = free_port("127.0.0.1")
+    port = free_port()
     config = configs.parse({
         "broker_url": broker_url, "metrics_port": port, "metrics_addr": "127.0.0.1",
         "kubernetes": {"namespace": NS, "kubeconfig": str(kubeconfig)},

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -27,16 +26,10 @@ from conveyor.client import Client
 from conveyor.message import Message
 from conveyor.state import store as stores
 from tests.integration.workerkit import APP, ROOT, worker_env
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 TASKS = 200
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def children(pid: int) -> list[int]:

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import urllib.request
 from pathlib import Path
 
-from tests.support import conveyor, spawn, stop, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import conveyor, free_port, spawn, stop, wait_for
 
 
 def sample(text: str, name: str, labels: str = "") -> float:
