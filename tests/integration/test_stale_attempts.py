@@ -129,6 +129,15 @@ def scheduler(stack: Stack) -> Iterator[Callable[[DAG], None]]:
         daemon.close()
 
 
+def gated(stack: Stack) -> list[str]:
+    """A command that writes `start`, waits for the file `go` beside the ledger, and writes
+    `done`: a run lasts exactly as long as the test wants (a fixed `sleep` either ended
+    before the test's kill on a loaded machine or made every second run wait it out)."""
+    go = stack.ledger.with_name("go")
+    return ["sh", "-c", f"echo start >> {stack.ledger}; "
+                        f"until [ -e {go} ]; do sleep 0.05; done; echo done >> {stack.ledger}"]
+
+
 def the_task(store: Store) -> dict[str, object]:
     run = store.rows("recent_runs", dag_id="stale", state="", limit=1)[0]
     return dict(store.rows("run_tis", run_id=run["run_id"])[0], run_state=run["state"])
@@ -269,20 +278,20 @@ def test_a_task_requeued_by_a_stopping_worker_gets_its_time_to_start_again(
     the attempt's first `expires`: the requeued message has a fresh one (as the scheduler's
     queued timer starts over on `interrupted`), so the next worker runs it."""
     dag = DAG("stale", retries=0)
-    dag.command("work", ["sh", "-c", f"echo start >> {stack.ledger}; sleep 8; "
-                                     f"echo done >> {stack.ledger}"],
-                queue=stack.queue, queued_timeout=5)
+    dag.command("work", gated(stack), queue=stack.queue, queued_timeout=5)
     dag.validate(["queue"])
     scheduler(dag)
     store = from_url(stack.state_url)
     try:
         first = stack.worker("--drain-timeout=1", burst=False)
         wait_for(lambda: stack.ledger.exists(), timeout=30, what="the task to start")
+        # up before the requeue: the fresh expires (5 s) is not spent on its start-up
+        second = stack.worker(burst=False)
         time.sleep(5.5)                    # its message's first expires is behind it now
         first.terminate()
         out = finish(first)
         assert "killed and requeued" in out, out
-        second = stack.worker(burst=False)
+        stack.ledger.with_name("go").touch()
         try:
             wait_for(lambda: the_task(store)["run_state"] != "running", timeout=60,
                      what="the run to end")
@@ -304,19 +313,20 @@ def test_a_running_attempt_whose_worker_was_killed_runs_again_past_its_expires(
     the same attempt again with a fresh `expires`: it runs to the end, as a redelivery
     would have run it, instead of waiting for its heartbeat timeout (here 600 s)."""
     dag = DAG("stale", retries=0)
-    dag.command("work", ["sh", "-c", f"echo start >> {stack.ledger}; sleep 6; "
-                                     f"echo done >> {stack.ledger}"],
-                queue=stack.queue, queued_timeout=3, heartbeat_timeout=600)
+    dag.command("work", gated(stack), queue=stack.queue, queued_timeout=3,
+                heartbeat_timeout=600)
     dag.validate(["queue"])
     scheduler(dag)
     store = from_url(stack.state_url)
     try:
         first = stack.worker(burst=False)
         wait_for(lambda: stack.ledger.exists(), timeout=30, what="the task to start")
+        # up before the kill: the fresh expires (3 s) is not spent on its start-up
+        second = stack.worker(burst=False)
         time.sleep(3.5)                    # its message's expires is behind it now
         first.kill()
         out = finish(first)
-        second = stack.worker(burst=False)
+        stack.ledger.with_name("go").touch()
         try:
             wait_for(lambda: the_task(store)["run_state"] != "running", timeout=60,
                      what="the run to end")
