@@ -21,7 +21,6 @@ from tests.integration import workerkit
 from tests.integration.workerkit import (
     events,
     finish,
-    read_ticks,
     task_message,
     wait_event,
 )
@@ -72,17 +71,20 @@ def test_the_key_is_given_back_when_the_task_ends(setup: Setup, task: str) -> No
 
 
 def test_a_retry_keeps_the_key(setup: Setup, tmp_path: Path) -> None:
-    events = f"{setup.queue}-events"
+    events, tried = f"{setup.queue}-events", tmp_path / "tried"
     first = setup.client.enqueue(
-        task_message("t.retry_slowly", setup.queue, str(tmp_path / "tried"), reply_to=events),
+        task_message("t.retry_slowly", setup.queue, str(tried), reply_to=events),
         unique_key="invoice:42")
     worker = setup.worker()
     try:
         wait_event(setup.broker, events, "retried")
-        time.sleep(0.5)  # the settle follows the event; the retry waits 3 s
+        # the retry's settle is behind us once its second run has started (and waits)
+        wait_for(lambda: tried.with_name("tried.second").exists(), 60,
+                 "the retried task to run again")
         assert setup.held_by() == first.id
         assert setup.enqueue("t.add", 1, 2).id == first.id
     finally:
+        tried.with_name("tried.go").touch()
         finish(worker)
     assert setup.held_by() == ""
 
@@ -92,37 +94,42 @@ def test_a_worker_killed_mid_task_keeps_the_key_through_the_redelivery(
     reason = getattr(setup.broker, "unsupported", {}).get("crash_redelivery")
     if reason:
         pytest.skip(f"not supported by {type(setup.broker).__name__}: {reason}")
-    ticks = tmp_path / "ticks"
-    first = setup.enqueue("t.tick", str(ticks), 2.0)
+    # a run that lasts until the test releases it: the check on the redelivered run is made
+    # while it runs, however slow the machine (a 2 s run could end before the check)
+    marker, release = tmp_path / "pid", tmp_path / "release"
+    first = setup.enqueue("t.wait_for_file", str(marker), str(release))
     killed = setup.worker("--concurrency=1", burst=False)
     try:
-        wait_for(lambda: read_ticks(ticks), 60, "the first run to start")
+        first_run = wait_for(lambda: marker.read_text(), 60, "the first run to start",
+                             ignore=(FileNotFoundError,))
     finally:
         killed.kill()
         finish(killed)
     assert setup.held_by() == first.id  # nothing settled it: held while it waits again
     again = setup.worker("--concurrency=1")
     try:
-        wait_for(lambda: (t := read_ticks(ticks)) is not None and t.runs == 2, 60,
-                 "the redelivered run to start")
+        wait_for(lambda: marker.read_text() != first_run, 60, "the redelivered run to start")
         assert setup.enqueue("t.add", 1, 2).id == first.id  # held while it runs again
     finally:
+        release.touch()
         finish(again)
     assert setup.held_by() == ""
     assert not setup.enqueue("t.add", 1, 2).duplicate
 
 
-#: Longer than a burst worker takes to start and finish on a loaded machine (2 s was not).
-WINDOW = 6.0
-
-
 def test_a_window_holds_the_key_for_its_length_whatever_the_task_did(setup: Setup) -> None:
-    first = setup.enqueue("t.add", 1, 2, unique_for=WINDOW)
+    """The task's end gives nothing back (its message does not even carry the key): the key
+    is still held after its worker ran. Held for 600 s, as a window shorter than a worker's
+    start and run on a loaded machine (2 s, then 6 s) could lapse first. And a window ends
+    on its own: another key, held for 1 s."""
+    first = setup.enqueue("t.add", 1, 2, unique_for=600)
     assert UNIQUE_HEADER not in first.message.headers  # nothing for a worker to give back
     finish(setup.worker())
-    assert setup.enqueue("t.add", 1, 2, unique_for=WINDOW).id == first.id  # done, still held
-    wait_for(lambda: not setup.held_by(), 30, "the window to end")
-    assert not setup.enqueue("t.add", 1, 2, unique_for=WINDOW).duplicate
+    assert setup.enqueue("t.add", 1, 2, unique_for=600).id == first.id  # done, still held
+    short = setup.enqueue("t.add", 1, 2, key="invoice:43", unique_for=1.0)
+    assert not short.duplicate
+    wait_for(lambda: not setup.held_by("invoice:43"), 30, "the 1 s window to end")
+    assert not setup.enqueue("t.add", 1, 2, key="invoice:43", unique_for=1.0).duplicate
 
 
 def test_a_task_enqueues_once_per_key_through_its_worker(setup: Setup) -> None:
