@@ -169,7 +169,7 @@ def test_publisher_gives_up_with_a_clear_error_after_retry_seconds(
     started = time.monotonic()
     with pytest.raises(BrokerConnectionError, match=r"publish to .* unreachable for 0.[5-9] s"):
         publisher.publish(queue, b"lost?")
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # not the default 60 s (loaded machine: no less)
     proxy.restore()
     publisher.publish(queue, b"delivered")
     assert publisher.depth(queue).ready == 1
@@ -184,7 +184,7 @@ def test_wakeup_interrupts_a_consumer_retrying_through_an_outage(
     timer.start()
     started = time.monotonic()
     assert next(steps) is None
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # woken, not after the 60 s timeout
     timer.join()
 
 
@@ -192,14 +192,14 @@ def test_pause_from_a_signal_handler_ends_a_blocked_step(make_broker: MakeBroker
                                                          queue: str) -> None:
     """A worker pauses on SIGTERM: the handler runs on the thread blocked in BLPOP."""
     consumer, producer = make_broker(), make_broker()
-    steps = consumer.consume([queue], timeout=20)
+    steps = consumer.consume([queue], timeout=60)
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: consumer.pause())
     try:
         timer = threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGUSR1))
         started = time.monotonic()
         timer.start()
         assert next(steps) is None
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 20  # ended, not after the 60 s timeout
         timer.join()
     finally:
         signal.signal(signal.SIGUSR1, previous)
@@ -233,7 +233,7 @@ def test_idle_consumer_blocks_instead_of_polling(make_broker: MakeBroker, queue:
     claims = count_claims(consumer, monkeypatch)
     started = time.monotonic()
     assert next(consumer.consume([queue], timeout=2.0)) is None
-    assert 1.9 < time.monotonic() - started < 3.0
+    assert 1.9 < time.monotonic() - started < 10  # its timeout (a loaded machine: later)
     assert claims[0] <= 2, f"{claims[0]} claims in 2 s idle: the consumer polled"
 
 
@@ -366,7 +366,7 @@ def test_wrong_credentials_fail_at_once_with_a_clear_error(admin: redis.Redis,
     started = time.monotonic()
     with pytest.raises(BrokerError, match="refused this client.*fix the user, password"):
         RedisBroker(f"redis://nobody:wrong@{HOST}:{PORT}/0?prefix={unique}")
-    assert time.monotonic() - started < 2, "bad credentials were retried"
+    assert time.monotonic() - started < 20, "bad credentials were retried (for 60 s)"
 
 
 def test_scripts_are_loaded_again_when_the_server_forgot_them(make_broker: MakeBroker,

@@ -61,8 +61,9 @@ def test_true_at_once_when_work_is_ready(open_broker: Callable[[], Broker], q: s
     publisher, watcher = open_broker(), open_broker()
     publisher.publish(q, BODY)
     started = time.monotonic()
-    assert watcher.watch([q], timeout=5)
-    assert time.monotonic() - started < 4  # at once, not after the 5 s timeout
+    assert watcher.watch([q], timeout=60)
+    # at once, not after the 60 s timeout (a bound far from both: the machine may be loaded)
+    assert time.monotonic() - started < 20
     assert publisher.depth(q).ready == 1, "watching must not claim"
 
 
@@ -71,7 +72,7 @@ def test_false_after_timeout_on_an_empty_queue(open_broker: Callable[[], Broker]
     watcher = open_broker()
     started = time.monotonic()
     assert not watcher.watch([q], timeout=0.5)
-    assert 0.45 < time.monotonic() - started < 2
+    assert 0.45 < time.monotonic() - started < 10  # its timeout, not hung (loaded machine)
 
 
 def test_a_publish_wakes_it_within_a_poll(open_broker: Callable[[], Broker], q: str) -> None:
@@ -79,11 +80,11 @@ def test_a_publish_wakes_it_within_a_poll(open_broker: Callable[[], Broker], q: 
     watcher.watch([q], timeout=0.01)  # listeners set up: the publish below is news
     thread = publish_later(publisher, q, 0.3)
     started = time.monotonic()
-    assert watcher.watch(["other-" + q, q], timeout=30)
+    assert watcher.watch(["other-" + q, q], timeout=60)
     thread.join()
-    # woken by the publish, not by the 30 s timeout (a bound, not a speed target: the
+    # woken by the publish, not by the 60 s timeout (a bound, not a speed target: the
     # machine may be loaded; the autoscaler benchmark measures the real wake-up time)
-    assert time.monotonic() - started < 0.3 + 5
+    assert time.monotonic() - started < 20
 
 
 def test_waits_for_more_than_above(open_broker: Callable[[], Broker], q: str) -> None:
@@ -101,8 +102,8 @@ def test_wakeup_ends_it(open_broker: Callable[[], Broker], q: str) -> None:
     timer = threading.Timer(0.3, watcher.wakeup)
     timer.start()
     started = time.monotonic()
-    assert not watcher.watch([q], timeout=10)
-    assert time.monotonic() - started < 5  # woken, not after the 10 s timeout
+    assert not watcher.watch([q], timeout=60)
+    assert time.monotonic() - started < 20  # woken, not after the 60 s timeout
     timer.join()
 
 

@@ -75,11 +75,22 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path,
         drop_postgres_schema(unique)
 
 
-def run_all(url: str, queue: str, n: int, extra: dict[str, str]) -> list[str]:
+def run_all(url: str, queue: str, n: int, extra: dict[str, str],
+            within: float = 90.0) -> list[str]:
     """Run `n` --burst workers until the queue is empty; their outputs. (Not on kombu+redis,
     which no test here runs: a burst worker there can take a message on its way from Redis
-    to its consumer, exit, and its close puts the message back with no worker left.)"""
-    return [finish(p, timeout=120) for p in workers(url, queue, n, extra)]
+    to its consumer, exit, and its close puts the message back with no worker left.)
+    All of them are done `within` seconds (less than pytest's timeout, so a worker that
+    hangs fails the test with its output), and none is left running."""
+    procs = workers(url, queue, n, extra)
+    deadline = time.monotonic() + within
+    try:
+        return [finish(p, timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                proc.communicate()
 
 
 def workers(url: str, queue: str, n: int, extra: dict[str, str], *flags: str,

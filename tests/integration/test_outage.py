@@ -221,8 +221,10 @@ def test_exit_after_outage_stops_the_worker_when_the_operator_asks(
 SOFT, HARD = 3.0, 6.0
 LIMITS_OUTAGE = 60.0 if os.environ.get("CONVEYOR_LONG_OUTAGE") == "1" else 15.0
 #: A limit is kept if it reaches the task this soon after it passes (generous: the machine
-#: is shared; the precision at low load is benchmarks/time_limit_precision.py's).
-ON_TIME = 1.0
+#: is shared, and 3 test processes beside it load it to 8-15; the precision at low load is
+#: benchmarks/time_limit_precision.py's). Far below the outage's end, what a limit kept
+#: only once the broker is back would show.
+ON_TIME = 2.0
 #: The drain timeout the worker is given (it is stopped while the broker is away).
 DRAIN = 2.0
 #: A task that succeeds while the broker is away: its logged duration must be this.
