@@ -52,6 +52,7 @@ from conveyor.tasks import (
 
 if TYPE_CHECKING:
     from conveyor.scheduler.alerts import Deadline, DeadlineReference
+    from conveyor.scheduler.assets import Asset, Event
     from conveyor.scheduler.dag import DAG, TaskNode
     from conveyor.scheduler.errors import DagError
     from conveyor.scheduler.rules import TriggerRule
@@ -61,6 +62,8 @@ __version__ = "0.1.0"
 #: The scheduler's names, and the module each is imported from on first use.
 _SCHEDULER_NAMES = {
     "DAG": "conveyor.scheduler.dag",
+    "Asset": "conveyor.scheduler.assets",
+    "Event": "conveyor.scheduler.assets",
     "TaskNode": "conveyor.scheduler.dag",
     "Deadline": "conveyor.scheduler.alerts",
     "DeadlineReference": "conveyor.scheduler.alerts",
@@ -91,6 +94,7 @@ use_starter(_start_canvas)
 
 __all__ = [
     "DAG",
+    "Asset",
     "BrokerConnectionError",
     "BrokerError",
     "Cancelled",
@@ -101,6 +105,7 @@ __all__ = [
     "DeadLettered",
     "Deadline",
     "DeadlineReference",
+    "Event",
     "Limit",
     "Message",
     "MessageError",

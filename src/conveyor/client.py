@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,11 @@ from conveyor.flow import UNIQUE_HEADER, UNIQUE_HOLD
 from conveyor.message import Codec, Message
 from conveyor.results.base import RESULT_HEADER
 from conveyor.results.handle import ResultHandle
+from conveyor.settings_table import ROWS
+
+#: The schedulers' control queue (CONVEYOR_SCHEDULER_CONTROL_QUEUE's default): a message
+#: there makes one tick now, as `conveyor dags trigger` does after creating a run.
+CONTROL_QUEUE = ROWS["CONVEYOR_SCHEDULER_CONTROL_QUEUE"].default
 
 if TYPE_CHECKING:
     from conveyor.broker import Producer, Publication
@@ -168,6 +174,36 @@ class Client:
         """Publish a shell-command workload (exec'd by the runner, like an Airflow task)."""
         return self.enqueue(Message(queue=queue, command=tuple(command), **fields), delay,
                             keep_result=keep_result)
+
+    def touch_asset(self, uri: str, extra: Mapping[str, Any] | None = None) -> int:
+        """Record an event of asset `uri` from outside a DAG (`conveyor assets touch`): the
+        DAGs scheduled on it count it as a producing task's; the event's id."""
+        return self._record_event(uri, extra, None)[0]
+
+    def send_event(self, name: str, payload: Mapping[str, Any] | None = None, *,
+                   dedupe_key: str | None = None) -> tuple[int, bool]:
+        """Send named event `name` (`conveyor events send`): each DAG scheduled on
+        `Event(name)` gets a run with `payload` as its conf. (event id, whether it is new):
+        a `dedupe_key` sent before for this name is a no-op."""
+        from conveyor.state.assets import event_key
+        return self._record_event(event_key(name), payload, dedupe_key)
+
+    def _record_event(self, uri: str, extra: Mapping[str, Any] | None,
+                      dedupe_key: str | None) -> tuple[int, bool]:
+        """Record it in the state store, then wake a scheduler (its control queue)."""
+        from conveyor.state import store as stores
+        from conveyor.state.assets import record_event
+        settings = self.settings or Settings.from_env()
+        store = stores.from_url(settings.stores().state)
+        try:
+            found = record_event(store, uri, extra or {}, time.time(), source="client",
+                                 dedupe_key=dedupe_key)
+        finally:
+            store.close()
+        if found[1]:
+            queue = os.environ.get("CONVEYOR_SCHEDULER_CONTROL_QUEUE") or CONTROL_QUEUE
+            self.broker.publish(queue, b'{"run_id": ""}')
+        return found
 
     def results(self) -> ResultStore:
         """The result store (`CONVEYOR_RESULT_URL`, else the default for the broker)."""

@@ -40,6 +40,8 @@ class TaskContext:
     map_index: int = -1      # an instance of a mapped task (`expand`): its element; else -1
     conf: Mapping[str, Any] = field(default_factory=dict)
     upstream_values: Mapping[str, Any] = field(default_factory=dict)
+    #: the asset (and named) events that started the run: uri, extra, source, created_at...
+    triggering_asset_events: tuple[Mapping[str, Any], ...] = ()
 
     def upstream(self, task_id: str) -> Any:
         """What upstream task `task_id` of this run returned."""
@@ -73,7 +75,8 @@ class TaskContext:
                    traceparent=headers.get("traceparent", ""),
                    map_index=int(headers.get("map_index", -1)),
                    conf=_object(headers.get("conf")),
-                   upstream_values=_object(headers.get("upstream")))
+                   upstream_values=_object(headers.get("upstream")),
+                   triggering_asset_events=_events(headers.get("asset_events")))
 
 
 def _object(text: str | None) -> dict[str, Any]:
@@ -83,6 +86,11 @@ def _object(text: str | None) -> dict[str, Any]:
         return {}
     value: dict[str, Any] = json.loads(text)
     return value
+
+
+def _events(text: str | None) -> tuple[Mapping[str, Any], ...]:
+    """The `asset_events` header (a JSON list), absent in runs not started by assets."""
+    return tuple(json.loads(text)) if text else ()
 
 
 class CurrentContext:
@@ -139,6 +147,12 @@ class CurrentContext:
     def map_index(self) -> int:
         """Which element this instance of a mapped task runs (-1: not mapped, as Airflow)."""
         return self.get().map_index
+
+    @property
+    def triggering_asset_events(self) -> tuple[Mapping[str, Any], ...]:
+        """The asset events (and named events) that started this run, oldest first: each
+        has uri, extra, source, created_at and, from a task, its dag_id, run_id, task_id."""
+        return self.get().triggering_asset_events
 
     @property
     def traceparent(self) -> str:

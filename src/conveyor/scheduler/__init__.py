@@ -7,8 +7,9 @@ second scheduler, or a restart after `kill -9` never makes a second transition.
 """
 
 from conveyor.scheduler.alerts import Deadline, DeadlineReference
+from conveyor.scheduler.assets import Asset, Event
 from conveyor.scheduler.dag import DAG, Options, TaskNode
 from conveyor.scheduler.errors import DagError, ExecutorError, RunError
 
-__all__ = ["DAG", "DagError", "Deadline", "DeadlineReference", "ExecutorError", "Options",
-           "RunError", "TaskNode"]
+__all__ = ["DAG", "Asset", "DagError", "Deadline", "DeadlineReference", "Event",
+           "ExecutorError", "Options", "RunError", "TaskNode"]

@@ -33,6 +33,7 @@ from conveyor.errors import ConfigError, ConveyorError
 from conveyor.flow import Limit, Rate, encode, resolve
 from conveyor.kinds import parse_size
 from conveyor.scheduler.alerts import KINDS, Deadline, callback_specs
+from conveyor.scheduler.assets import Condition, condition_of, outlet_uris
 from conveyor.scheduler.errors import DagError, Location
 from conveyor.scheduler.rules import ALL_SUCCESS
 from conveyor.scheduler.rules import problem as rule_problem
@@ -68,6 +69,7 @@ class Options:
     pool_slots: int = 1                   # ... of which this task takes this many
     trigger_rule: str = ALL_SUCCESS       # when it may start: one of rules.TRIGGER_RULES
     max_map_length: int = 0               # most mapped instances (0: CONVEYOR_MAX_MAP_LENGTH)
+    outlets: tuple[str, ...] = ()         # asset URIs its success records an event of
 
     @property
     def max_attempts(self) -> int:
@@ -100,6 +102,8 @@ def checked_options(base: Options, given: Mapping[str, Any], where: Location) ->
                 raise DagError(where, f"option {name} takes {kind.__name__}(...) or a list of "
                                       f"them, not {value!r}")
     try:
+        if "outlets" in values:   # Asset(...)s, kept as their URIs (a spec is JSON)
+            values["outlets"] = tuple(outlet_uris(values["outlets"] or ()))
         if "memory_limit" in values:
             values["memory_limit"] = parse_size(values["memory_limit"], "memory_limit")
         options = replace(base, **values)
@@ -229,7 +233,8 @@ class TaskNode:
                 "executor_config": dict(o.executor_config), "limits": self.limits(),
                 "trigger_rule": o.trigger_rule, **self._expand_spec(),
                 **({"skip_on_exit_code": list(self.skip_codes)} if self.skip_codes else {}),
-                **({"callbacks": self.callbacks} if self.callbacks else {})}
+                **({"callbacks": self.callbacks} if self.callbacks else {}),
+                **({"outlets": list(o.outlets)} if o.outlets else {})}
 
     def _expand_spec(self) -> dict[str, Any]:
         """What the scheduler expands when the task is ready (nothing if it is not mapped)."""
@@ -331,7 +336,9 @@ def _alerts(given: dict[str, Any], deadline: Deadline | None, where: Location, d
 class DAG:
     """A named set of tasks with dependencies, optionally run on a cron schedule."""
 
-    def __init__(self, dag_id: str, *, schedule: str | None = None, timezone: str = "UTC",
+    def __init__(self, dag_id: str, *,
+                 schedule: str | Condition | Sequence[Condition] | None = None,
+                 timezone: str = "UTC",
                  description: str = "", start_date: datetime | str | float | None = None,
                  catchup: bool = True, max_active_runs: int = 16,
                  pools: Mapping[str, int] | None = None, on_success: Any = None,
@@ -350,8 +357,18 @@ class DAG:
         `deadline`: see `alerts.Deadline`. `pin_code`: a run's later tasks go only to
         workers of the code version its first task started on while one is alive; after
         `pin_timeout` seconds without one, `pin_policy` "wait" keeps waiting, "newest" sends
-        the task to any worker (scheduler/pinning.py)."""
+        the task to any worker (scheduler/pinning.py). `schedule` is a cron expression, or
+        an `Asset` / `Event` condition (`a & b`, `a | b`, a list meaning all): a run when it
+        holds over the events since the DAG's last such run (scheduler/assets.py)."""
         self.location = caller_location()
+        #: the asset / event condition it is scheduled on (None: cron or none)
+        self.assets: Condition | None = None
+        if schedule is not None and not isinstance(schedule, str):
+            try:
+                self.assets = condition_of(schedule)
+            except ConveyorError as exc:
+                raise DagError(self.location, f"DAG {dag_id!r}: {exc}") from None
+            schedule = None
         if not isinstance(dag_id, str) or not _ID.match(dag_id):
             raise DagError(self.location, f"DAG id {dag_id!r} must be 1-200 letters, digits, "
                                           "'_', '.' or '-'")

@@ -28,6 +28,7 @@ from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.errors import RunError
 from conveyor.scheduler.readiness import Readiness
 from conveyor.scheduler.runs import create_run
+from conveyor.state.assets import Assets
 from conveyor.state.maps import Maps
 from conveyor.state.records import TaskInstance
 from conveyor.state.runs import Dags, Runs
@@ -46,6 +47,9 @@ def record_dag(store: Store, dag: DAG, now: float) -> None:
                     schedule=dag.schedule, timezone=dag.timezone,
                     next_tick=first_tick(dag, now), now=now)
         dags.set_max_active_runs(dag.dag_id, dag.max_active_runs)
+        Assets(store).set_refs(dag.dag_id, consumes=sorted(dag.assets.keys()) if dag.assets
+                               else [], produces=[uri for node in dag.tasks.values()
+                                                  for uri in node.options.outlets])
 
 
 def first_tick(dag: DAG, now: float) -> float | None:

@@ -25,9 +25,11 @@ from conveyor.state.store import Store
 
 def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
                conf: Mapping[str, Any] | None = None, logical_date: float | None = None,
-               run_type: str = "manual", pin_code: bool | None = None) -> str | None:
+               run_type: str = "manual", pin_code: bool | None = None,
+               triggered_by: Sequence[Mapping[str, Any]] = ()) -> str | None:
     """Insert a queued run of `dag`; its id, or None if (DAG, logical date) already exists.
     `pin_code`: pin this run to its code (None: as the DAG says; scheduler/pinning.py).
+    `triggered_by`: the asset events that started it (its tasks' context, asset_runs.py).
 
     The scheduler starts queued runs on its next tick (`Engine.tick`).
     """
@@ -37,6 +39,7 @@ def create_run(store: Store, dag: DAG, now: float, *, executors: Sequence[str],
     date = now if logical_date is None else logical_date
     extra: dict[str, Any] = {"logical_date": iso(date)}   # tasks see these in their headers
     extra |= {"conf": dict(conf)} if conf else {}
+    extra |= {"asset_events": [dict(event) for event in triggered_by]} if triggered_by else {}
     if dag.pin_code if pin_code is None else pin_code:
         extra["pin"] = pin_spec(dag.pin_timeout, dag.pin_policy)
     runs = Runs(store)

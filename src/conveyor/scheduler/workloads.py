@@ -33,6 +33,8 @@ def workload(ti: TaskInstance, events_queue: str, upstream: Mapping[str, Any] | 
         ref["dag"] = spec["dag_id"]
     if "map_index" in spec:
         ref["map_index"] = str(spec["map_index"])
+    if spec.get("asset_events"):   # the asset events that started the run
+        ref["asset_events"] = json.dumps(spec["asset_events"])
     if spec.get("logical_date"):
         ref["logical_date"] = spec["logical_date"]
     if upstream:

@@ -1033,3 +1033,96 @@ ON CONFLICT (version) DO NOTHING;
 
 -- name: dag_source
 SELECT * FROM conveyor_dag_sources WHERE version = %(version)s;
+
+-- name: migration_0017
+-- Assets and events (scheduler/assets.py). Every event recorded (a task's outlet on its
+-- success, `assets touch`, `events send`) is a row of conveyor_asset_events; in the same
+-- transaction a row of conveyor_asset_queue for each DAG that consumes its URI. A scheduler
+-- turns a DAG's queued rows into one run and deletes them in one transaction, the delete
+-- guarded by how many it read: each event starts a DAG's run once, however many schedulers.
+-- conveyor_asset_refs: which DAG produces (a task's outlets) and consumes (its schedule)
+-- which URI, as the schedulers last recorded it. An event's URI is `event:NAME`.
+CREATE TABLE conveyor_asset_events (
+    event_id     BIGSERIAL PRIMARY KEY,
+    uri          TEXT NOT NULL,
+    extra        TEXT NOT NULL,
+    source       TEXT NOT NULL,
+    dag_id       TEXT,
+    run_id       TEXT,
+    task_id      TEXT,
+    dedupe_key   TEXT,
+    created_at   DOUBLE PRECISION NOT NULL,
+    UNIQUE (uri, dedupe_key)
+);
+CREATE INDEX conveyor_asset_events_uri ON conveyor_asset_events (uri, event_id);
+CREATE TABLE conveyor_asset_refs (
+    dag_id       TEXT NOT NULL,
+    uri          TEXT NOT NULL,
+    role         TEXT NOT NULL,
+    PRIMARY KEY (dag_id, uri, role)
+);
+CREATE INDEX conveyor_asset_refs_uri ON conveyor_asset_refs (uri, role);
+CREATE TABLE conveyor_asset_queue (
+    dag_id       TEXT NOT NULL,
+    event_id     BIGINT NOT NULL REFERENCES conveyor_asset_events (event_id)
+                 ON DELETE CASCADE,
+    uri          TEXT NOT NULL,
+    PRIMARY KEY (dag_id, event_id)
+);
+
+-- name: insert_asset_event
+-- A re-sent event with the same dedupe key is no row (and queues nothing).
+INSERT INTO conveyor_asset_events (uri, extra, source, dag_id, run_id, task_id, dedupe_key,
+                                   created_at)
+VALUES (%(uri)s, %(extra)s, %(source)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(dedupe_key)s, %(now)s)
+ON CONFLICT (uri, dedupe_key) DO NOTHING
+RETURNING event_id;
+
+-- name: queue_asset_event
+INSERT INTO conveyor_asset_queue (dag_id, event_id, uri)
+SELECT dag_id, %(event_id)s, %(uri)s FROM conveyor_asset_refs
+ WHERE uri = %(uri)s AND role = 'consumes';
+
+-- name: asset_event_by_key
+SELECT * FROM conveyor_asset_events WHERE uri = %(uri)s AND dedupe_key = %(dedupe_key)s;
+
+-- name: asset_queue
+-- The events waiting for each consuming DAG, oldest first.
+SELECT q.dag_id AS consumer, e.* FROM conveyor_asset_queue q
+  JOIN conveyor_asset_events e ON e.event_id = q.event_id
+ ORDER BY q.dag_id, q.event_id
+ LIMIT %(limit)s;
+
+-- name: consume_asset_events
+-- Taken by a run: the caller checks the count against what it read (else rolls back).
+DELETE FROM conveyor_asset_queue
+ WHERE dag_id = %(dag_id)s AND event_id >= %(first)s AND event_id <= %(last)s;
+
+-- name: forget_asset_refs
+DELETE FROM conveyor_asset_refs WHERE dag_id = %(dag_id)s;
+
+-- name: insert_asset_ref
+INSERT INTO conveyor_asset_refs (dag_id, uri, role) VALUES (%(dag_id)s, %(uri)s, %(role)s)
+ON CONFLICT (dag_id, uri, role) DO NOTHING;
+
+-- name: prune_asset_queue
+-- A DAG no longer scheduled on a URI keeps none of its events queued.
+DELETE FROM conveyor_asset_queue
+ WHERE dag_id = %(dag_id)s AND uri NOT IN (
+       SELECT uri FROM conveyor_asset_refs WHERE dag_id = %(dag_id)s AND role = 'consumes');
+
+-- name: asset_list
+SELECT u.uri,
+       (SELECT COUNT(*) FROM conveyor_asset_events e WHERE e.uri = u.uri) AS events,
+       (SELECT MAX(created_at) FROM conveyor_asset_events e WHERE e.uri = u.uri)
+           AS last_event_at,
+       (SELECT COUNT(*) FROM conveyor_asset_queue q WHERE q.uri = u.uri) AS queued
+  FROM (SELECT uri FROM conveyor_asset_refs
+        UNION SELECT DISTINCT uri FROM conveyor_asset_events) u
+ ORDER BY u.uri;
+
+-- name: asset_refs
+SELECT dag_id, uri, role FROM conveyor_asset_refs ORDER BY uri, role, dag_id;
+
+-- name: asset_events_of
+SELECT * FROM conveyor_asset_events WHERE uri = %(uri)s ORDER BY event_id DESC LIMIT %(limit)s;
