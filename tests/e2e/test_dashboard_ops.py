@@ -24,15 +24,17 @@ from conveyor.client import Client
 from conveyor.message import Message
 from conveyor.scheduler.sampler import sample
 from conveyor.state import store as stores
-from conveyor.state.monitoring import Workers
+from conveyor.state.monitoring import QueueSamples, Workers
 from tests.conftest import POSTGRES_URL, drop_postgres_schema, require_service
 from tests.e2e.conftest import UiStarter
 from tests.e2e.test_up import interrupt, read_until, start_up
 from tests.support import wait_for
 
 MiB = 1024 * 1024
-#: A command task that holds 64 MiB (every page touched) for a while.
-HOLD = "b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(12)"
+#: A command task that holds 64 MiB (every page touched) until the file {release} exists (a
+#: minute at most): as long as the test looks at it, and no longer (it slept 12 s).
+HOLD = ("import os, time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); "
+        "any(os.path.exists({release!r}) or time.sleep(0.05) for _ in range(1200))")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -66,7 +68,8 @@ def test_queues_workers_and_autoscaler_pages_over_a_real_up(
         address = conveyor_ui("--state", state_url, "--broker", broker_url)
         page = browser_page
 
-        workers_page(page, address, broker_url)   # first: up's workers idle only 30 s
+        release = Path(up_env["CONVEYOR_HOME"]) / "release"
+        workers_page(page, address, broker_url, store, release)  # first: workers idle 30 s
         queues_page(page, address)
         autoscaler_page(page, address)
     finally:
@@ -106,14 +109,17 @@ def _at_least(value: str | None, low: float) -> float:
     return number if number >= low else 0.0
 
 
-def workers_page(page: Any, address: str, broker_url: str) -> None:
+def workers_page(page: Any, address: str, broker_url: str, store: stores.Store,
+                 release: Path) -> None:
     page.goto(address + "workers")
     stale = page.locator("table.workers tbody tr", has_text="crashed-box")
     assert "stale" in stale.inner_text()
     live = page.locator("table.workers tbody tr", has_text="workers-")  # up's local workers
     assert live.count() >= 1 and "ok" in live.first.inner_text()
+    enqueued = time.time()
+    hold = HOLD.format(release=str(release))
     with brokers.from_url(broker_url) as broker:   # the page is open: it must update itself
-        Client(broker).enqueue(Message(queue="default", command=(sys.executable, "-c", HOLD),
+        Client(broker).enqueue(Message(queue="default", command=(sys.executable, "-c", hold),
                                        memory_limit=256 * MiB))
     meter = page.locator("table.workers ul.runners meter").first
     meter.wait_for(timeout=30_000)
@@ -123,6 +129,11 @@ def workers_page(page: Any, address: str, broker_url: str) -> None:
     assert held < 256 * MiB and float(meter.get_attribute("max") or 0) == 256 * MiB
     assert "of 256 MiB" in page.locator("table.workers ul.runners").first.inner_text()
     page.shot("workers")
+    # the Queues page charts it in flight: a depth sample must have caught it so
+    wait_for(lambda: any(s.queue == "default" and s.in_flight >= 1
+                         for s in QueueSamples(store).since(enqueued)), 30,
+             "a depth sample with the held task in flight")
+    release.touch()
     wait_for(lambda: page.locator("table.workers ul.runners meter").count() == 0, 40,
              "the held task finished")
 
