@@ -47,6 +47,13 @@ class StateStoreUnavailable(ConveyorError):
     """The state store (SQLite file or Postgres) could not be reached: an outage, not a typo."""
 
 
+class StateStoreLost(StateStoreUnavailable):
+    """The state store's session was lost while in use (Postgres went away or failed over):
+    the transaction in progress was rolled back, or its commit's outcome is unknown. The next
+    use opens a new session (on the primary of the moment); a caller whose steps are
+    idempotent runs the step again."""
+
+
 class UnknownTask(ConveyorError):
     """A message names a task that no imported module registered."""
 

@@ -73,17 +73,19 @@ def port(text: str) -> int:
 
 
 def url(text: str) -> str:
-    """A URL of the form scheme://[user[:password]@]host[:port]/…, or "" (the default)."""
+    """A URL of the form scheme://[user[:password]@]host[:port]/…, or "" (the default);
+    several `host[:port]` separated by commas are libpq's failover list (pgfailover.py)."""
     if not text:
         return text
     if "://" not in text:
         raise ValueError("must be a URL, e.g. redis://localhost:6379/0 or sqlite:///path.db")
-    try:
-        if urlsplit(text).port == 0:   # parsing the port: "host:notaport" fails here, not later
-            raise ValueError("port 0")
-    except ValueError:
-        netloc = urlsplit(text).netloc.rsplit("@", 1)[-1]
-        raise ValueError(f"its port in {netloc!r} is not a number from 1 to 65535") from None
+    netloc = urlsplit(text).netloc
+    for host in netloc.rsplit("@", 1)[-1].split(","):   # postgresql://h1:5432,h2:5433/db
+        try:   # parsing the port: "host:notaport" fails here, not later
+            if urlsplit(f"//{host}").port == 0:
+                raise ValueError("port 0")
+        except ValueError:
+            raise ValueError(f"its port in {host!r} is not a number from 1 to 65535") from None
     _check_redis_db(text)
     return text
 

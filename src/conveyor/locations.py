@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from conveyor.errors import ConfigError
+from conveyor.pgfailover import url_names_several_hosts
 
 
 def data_dir() -> Path:
@@ -113,8 +114,9 @@ def _results_beside(broker: str, state: str) -> str:
 def _limits_beside(broker: str, state: str) -> str:
     kind = scheme(broker)
     if kind in POSTGRES:   # its commits asynchronous when the broker's acks are
-        if "ack_commit=sync" in broker:
-            return broker
+        if "ack_commit=sync" in broker or (url_names_several_hosts(broker)
+                                           and "ack_commit=async" not in broker):
+            return broker   # (several hosts: a failover shape, synchronous by default)
         return broker + ("&" if "?" in broker else "?") + "commit=async"
     return broker if kind in (*REDIS, "sqlite") else state
 

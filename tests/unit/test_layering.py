@@ -6,7 +6,8 @@ below, never above; sibling packages of one layer stay apart):
     base:     config, settings_table, kinds, errors, message, tasks, retry, logs, events,
               locations, sqlfiles, context, flow, tracing (the core calls its hooks; only
               tracing.otel imports OpenTelemetry), signals, refusals (what a server's answer
-              at first contact means), canvas (chain, group, chord: the algebra)
+              at first contact means), canvas (chain, group, chord: the algebra),
+              pgfailover (a Postgres URL naming a primary and its standbys)
     carriers: broker, state, limits (flow control's store)
     results:  results (task results: Redis keys beside a broker, or a state-store table),
               control (cancel: its records in flow control's store, and the control channel)
@@ -37,7 +38,7 @@ ROOT = Path(__file__).parents[2] / "src" / "conveyor"
 LAYERS = [
     {"config", "settings_table", "kinds", "errors", "message", "tasks", "retry", "logs",
      "events", "locations", "sqlfiles", "context", "flow", "tracing", "signals", "refusals",
-     "canvas"},
+     "canvas", "pgfailover"},
     {"broker", "state", "limits"},
     {"results", "control"},
     {"client"},
@@ -54,6 +55,9 @@ ALLOWED = {
         "Task.enqueue() returns the client's ResultHandle: a type-only import",
     ("conveyor.results.handle", "conveyor.control"):
         "handle.cancel() returns the client's CancelResult: a type-only import",
+    ("conveyor.state.store", "conveyor.broker.reconnect"):
+        "the Postgres state store follows a failover with the transports' one retry policy "
+        "(backoff, jitter, a line per attempt, retry_seconds)",
     ("conveyor.worker.cli", "conveyor.celery_intake"):
         "`conveyor worker --celery-queues` runs the Celery intake beside the worker, imported "
         "only when asked for",

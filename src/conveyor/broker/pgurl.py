@@ -4,6 +4,11 @@
 `schema`, `ack_commit`, `retry_seconds` and `vacuum_every` are Conveyor's (broker/postgres.py
 says what each does) and are taken out; every other option goes to libpq. Every session the
 broker opens gets the schema as its search_path and plans each statement afresh (_SESSION).
+
+A URL naming several hosts (`postgresql://h1:5432,h2:5433/db`, a primary and its standby)
+connects with `target_session_attrs=read-write` unless it says otherwise (pgfailover.py), and
+its `ack_commit` defaults to `sync`: a failover undoes a commit that did not wait for the
+flush, and an undone claim or ack runs a task again (broker/postgres.py, Durability).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -20,6 +25,7 @@ from conveyor.broker import pgvacuum
 from conveyor.broker.reconnect import DEPRECATED_RETRY_OPTION, RETRY_OPTION, retry_seconds
 from conveyor.errors import ConfigError
 from conveyor.locations import redact
+from conveyor.pgfailover import url_names_several_hosts, with_failover_defaults
 
 DEFAULT_SCHEMA = "conveyor"
 #: Lowercase so it needs no quoting anywhere; short enough that `conveyor_<schema>` is a
@@ -56,16 +62,19 @@ def parse_url(url: str) -> PostgresSettings:
     own = {k: v for k, v in options
            if k in ("schema", "ack_commit", "vacuum_every", RETRY_OPTION,
                     DEPRECATED_RETRY_OPTION)}
-    schema, ack_commit = own.get("schema", DEFAULT_SCHEMA), own.get("ack_commit", "async")
+    failover = url_names_several_hosts(url)
+    schema = own.get("schema", DEFAULT_SCHEMA)
+    ack_commit = own.get("ack_commit", "sync" if failover else "async")
     if not _SCHEMA_NAME.fullmatch(schema):
         raise ConfigError(
             f"Postgres broker URL {redact(url)!r}: schema {schema!r} is not allowed; use "
             "lowercase letters, digits and _ (not first), at most 54 characters")
     if ack_commit not in _ACK_COMMITS:
         raise ConfigError(f"Postgres broker URL {redact(url)!r}: ack_commit={ack_commit!r}; "
-                          "use ack_commit=async (the default) or ack_commit=sync")
+                          "use ack_commit=async (the default on one host) or ack_commit=sync "
+                          "(the default with several hosts)")
     rest = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in options
-                                                      if k not in own])))
+                                                      if k not in own], quote_via=quote)))
     try:
         params = conninfo_to_dict(rest)
     except psycopg.ProgrammingError as exc:
@@ -73,7 +82,7 @@ def parse_url(url: str) -> PostgresSettings:
     # Tables are unqualified in the SQL: the schema is every session's search_path. Each
     # execution of a statement is planned for the table as it is then (see _SESSION).
     params["options"] = f"{params.get('options', '')} -c search_path={schema} {_SESSION}".strip()
-    return PostgresSettings({**_CONNECT_DEFAULTS, **params}, schema,
+    return PostgresSettings(with_failover_defaults({**_CONNECT_DEFAULTS, **params}), schema,
                             _ACK_COMMITS[ack_commit], retry_seconds(own, url),
                             _vacuum_every(own, url))
 

@@ -24,15 +24,16 @@ goes to libpq (broker/pgurl.py reads the URL).
   `vacuum_every` claims so that dead entries do not pile up at that head (`pgvacuum.py`).
 * Durability: publish, retry, dead-letter and heartbeat return after their commit is flushed
   (`synchronous_commit` as the server has it). Two commits do not wait for the flush, because
-  losing them can only cause a redelivery, never a loss:
-  - the claim: lost to a Postgres crash, the row is simply ready again;
+  losing them can only cause a redelivery, never a loss (unless `ack_commit=sync`):
+  - the claim: lost to a Postgres crash, the row is simply ready again (its task may run);
   - the ack, unless `ack_commit=sync`: when `ack` returns the row is deleted and committed,
     so a consumer crash afterwards loses nothing and no one else can claim the message; but
     if Postgres or its host crashes (or fails over to a standby) within the WAL writer's
     flush interval (3 x `wal_writer_delay`, 600 ms by default), the deletion is undone and
     the message is delivered again once its lease expires, with its delivery count grown.
     That halves the cost of an ack; the worker's outcome was recorded before it acked, so a
-    redelivery finds it. Use `ack_commit=sync` to make every ack wait for the flush.
+    redelivery finds it. `ack_commit=sync`: acks and claims wait for the flush (and a sync
+    standby); the default when the URL names several hosts (pgurl.py, pgfailover.py).
 * Wake-up: every write that makes work available sends `NOTIFY conveyor_<schema>, '<queue>'`
   in its transaction (Postgres folds duplicates, and delivers only on commit). A consumer
   LISTENs on a second, autocommit connection and sleeps in `select()` on its socket and a
@@ -77,6 +78,7 @@ from conveyor.broker.pgurl import parse_url
 from conveyor.broker.reconnect import Reconnect, Recovery
 from conveyor.errors import BrokerConnectionError, BrokerError, LeaseLost
 from conveyor.locations import redact
+from conveyor.pgfailover import is_connection_loss
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,17 +97,6 @@ OWED_SECONDS = 0.05
 #: A consumer that claimed more than `prefetch` rows in this many seconds claims `ahead` more
 #: rows than it has free slots (a worker's --read-ahead): see PostgresBroker._reads_ahead.
 READ_AHEAD_WINDOW = 0.05
-#: SQLSTATEs that mean the session is gone (the server sends them as it drops us).
-_SESSION_GONE = {"57P01", "57P02", "57P03"}
-
-
-def is_connection_loss(exc: BaseException) -> bool:
-    """Whether `exc` means the connection is gone (so reconnecting may help), not a bad query."""
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    return exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate in _SESSION_GONE
-
-
 class PostgresBroker(Broker):
     """Queues in one Postgres table per schema; see the module docstring for the design."""
 
@@ -200,16 +191,28 @@ class PostgresBroker(Broker):
         if cur is not None and not cur.connection.closed:
             try:
                 return fn(cur)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 if not (cur.connection.closed or is_connection_loss(exc)):
                     raise
-                return self._reconnect.call(what, lambda: fn(self._main_cursor()), exc)
-        return self._reconnect.call(what, lambda: fn(self._main_cursor()))
+                cur.connection.close()
+                return self._reconnect.call(what, lambda: self._on_main(fn), exc)
+        return self._reconnect.call(what, lambda: self._on_main(fn))
 
     def _consumer_run(self, what: str, fn: Callable[[Cursor], T]) -> T | None:
         """`_run` for the consume loop: it retries for as long as the outage lasts (a worker
         outlives it), and returns None when `wakeup()` interrupts it."""
-        return self._recovery.attempt(what, lambda: fn(self._main_cursor()), self._interrupted)
+        return self._recovery.attempt(what, lambda: self._on_main(fn), self._interrupted)
+
+    def _on_main(self, fn: Callable[[Cursor], T]) -> T:
+        """`fn(cursor of the main session)`; a session found lost is closed (one on a standby
+        is open but useless, pgfailover.py), so the next attempt opens one on the primary."""
+        cur = self._main_cursor()
+        try:
+            return fn(cur)
+        except psycopg.Error as exc:
+            if is_connection_loss(exc) and not cur.connection.closed:
+                cur.connection.close()
+            raise
 
     def _main_cursor(self) -> Cursor:
         """The main session's cursor, reconnected if the session is gone."""
@@ -303,8 +306,9 @@ class PostgresBroker(Broker):
                          priority=r[3]) for r in claimed]
 
     def _ack_params(self, owed: list[Delivery]) -> dict[str, Any]:
-        """The claim's acks: ids, leases, and whether its commit waits for the flush."""
-        return {**_receipts(owed), "flush": bool(owed) and self.settings.ack_query == "ack"}
+        """The claim's acks: ids, leases, and whether its commit waits for the flush (with
+        ack_commit=sync, always: a claim undone by a failover would run its task again)."""
+        return {**_receipts(owed), "flush": self.settings.ack_query == "ack"}
 
     def _sent(self, owed: list[Delivery], gone: set[int]) -> None:
         """`owed` reached Postgres, which deleted the rows `gone`; the others were not ours."""

@@ -34,6 +34,7 @@ from conveyor.limits.base import (
     gcra,
 )
 from conveyor.locations import path_from_url, redact
+from conveyor.pgfailover import with_failover_defaults
 
 Q = sqlfiles.load("conveyor.limits", "sql/limits.sql")
 _PARAM = re.compile(r":(\w+)")
@@ -331,7 +332,7 @@ def parse_postgres_url(url: str) -> tuple[dict[str, Any], str, bool]:
     rest = [(k, v) for k, v in query if k not in ours]
     params = conninfo_to_dict(urlunsplit(parts._replace(query=urlencode(rest))))
     params["options"] = f"{params.get('options', '')} -c search_path={schema}".strip()
-    return params, schema, commit == "async"
+    return with_failover_defaults(params), schema, commit == "async"
 
 
 def _connect(params: dict[str, Any], url: str) -> Any:
@@ -358,10 +359,9 @@ class PostgresLimiter(SqlLimiter):
 
     def __init__(self, url: str) -> None:
         from psycopg import sql
-        params, self.schema, async_commit = parse_postgres_url(url)
-        self._conn = _connect(params, url)
-        if async_commit:
-            self._conn.execute("SET synchronous_commit = off")
+        self._params, self.schema, self._async_commit = parse_postgres_url(url)
+        self._url = url
+        self._db = self._open()
         with self._conn.transaction():
             self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                                (f"conveyor-limits-ddl:{self.schema}",))
@@ -371,6 +371,21 @@ class PostgresLimiter(SqlLimiter):
             self._conn.execute(Q["admit_function_postgres"])
             self._conn.execute(Q["release_function_postgres"])
             self._conn.execute(Q["park_function_postgres"])
+
+    def _open(self) -> Any:
+        conn = _connect(self._params, self._url)
+        if self._async_commit:
+            conn.execute("SET synchronous_commit = off")
+        return conn
+
+    @property
+    def _conn(self) -> Any:
+        """The session; a lost one (its server died, or failed over to a standby: the URL
+        may name several hosts, pgfailover.py) is opened again here, on the primary of the
+        moment. The call that found it lost failed: its caller decides what to do again."""
+        if self._db.closed or self._db.broken:
+            self._db = self._open()
+        return self._db
 
     def admit(self, parcel: Parcel, specs: Sequence[Spec], now: float, lease: float, *,
               rate_reserved: bool = False) -> Decision:
@@ -436,4 +451,4 @@ class PostgresLimiter(SqlLimiter):
             yield _PostgresTx(cur)
 
     def close(self) -> None:
-        self._conn.close()
+        self._db.close()

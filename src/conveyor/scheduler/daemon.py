@@ -13,7 +13,11 @@ declare now: see `folder.py`. Runs in progress keep the version they started wit
 
 Everything touching the store or the broker runs on the main thread. If an executor's
 background thread dies, or an event cannot be applied, the loop stops with the error: the
-process manager restarts a clean process, and unsettled events are delivered again.
+process manager restarts a clean process, and unsettled events are delivered again. One
+error is waited out instead: the state store's session lost in a step (Postgres failed over
+to its standby, `StateStoreLost`). Every step is idempotent (each transition is guarded by
+the state it expects), so the step is run again once the store answers (`_steady`); the store
+gives up, and the loop stops, if no primary answers within its `retry_seconds`.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Mapping
+from typing import TypeVar
 
 from conveyor import broker as brokers
 from conveyor.broker import Consumer, Delivery
+from conveyor.broker.reconnect import BACKOFF_CAP
 from conveyor.client import Client
-from conveyor.errors import LeaseLost, MessageError
+from conveyor.errors import LeaseLost, MessageError, StateStoreLost
 from conveyor.events import Event
 from conveyor.message import new_id
 from conveyor.scheduler.config import SchedulerConfig
@@ -44,6 +50,7 @@ from conveyor.state import store as stores
 from conveyor.tasks import REGISTRY
 
 log = logging.getLogger("conveyor.scheduler")
+T = TypeVar("T")
 
 #: Longest sleep without a tick, a safety net only: deadlines wake the loop on time.
 IDLE_TICK = 30.0
@@ -154,7 +161,7 @@ class Daemon:
             executor.start(self.report)
         if self.sampler is not None:
             self.sampler.start()
-        self.engine.sync_dags(time.time())
+        self._steady("recording the DAGs", lambda: self.engine.sync_dags(time.time()))
         self._tick()
         finished = ticked_at = self.engine.runs_finished
         idle = min(IDLE_TICK, self.reload_interval or IDLE_TICK)
@@ -190,6 +197,23 @@ class Daemon:
             batch.append(more)
         return batch
 
+    def _steady(self, what: str, step: Callable[[], T]) -> T:
+        """`step()`, run again after each loss of the state store's session in it (a
+        failover: the store reconnects, to the new primary, at the next use, or raises
+        StateStoreUnavailable when none answers within its retry_seconds). A step is
+        idempotent: what it committed before the loss changes nothing the second time."""
+        losses = 0
+        while True:
+            try:
+                return step()
+            except StateStoreLost as exc:
+                losses += 1
+                if self._stop.is_set():
+                    raise
+                log.warning("%s: %s; doing it again (loss %d)", what, exc, losses)
+                self._stop.wait(min(BACKOFF_CAP, 0.05 * 2 ** losses))   # a store that
+                # answers and drops us again at once is not retried in a tight loop
+
     def _look(self) -> bool:
         """Reload the DAG files that changed, if a look is due; True if a DAG changed."""
         now = time.monotonic()
@@ -202,7 +226,8 @@ class Daemon:
         if not changes:
             return False
         dags = self.folder.dags
-        self.engine.use_dags(dags, {c.dag_id for c in changes if c.new}, time.time())
+        self._steady("recording reloaded DAGs", lambda: self.engine.use_dags(
+            dags, {c.dag_id for c in changes if c.new}, time.time()))
         default = next(iter(self.executors), "")
         for name, executor in self.executors.items():
             executor.use_apps(task_modules(dags, name, default))
@@ -218,7 +243,8 @@ class Daemon:
             self.broker.renew_claimed()
 
     def _tick(self) -> None:
-        self.waker.at(self.engine.tick(time.time()), replace=True)
+        self.waker.at(self._steady("tick", lambda: self.engine.tick(time.time())),
+                      replace=True)
 
     def _drain_inbox(self) -> None:
         events = []
@@ -229,7 +255,8 @@ class Daemon:
                 break
         if events:
             now = time.time()
-            self.engine.handle_many(events, now)
+            self._steady("applying executor events",
+                         lambda: self.engine.handle_many(events, now))
             for event in events:
                 self.on_applied(now - event.at)
 
@@ -284,7 +311,8 @@ class Daemon:
         unless it failed as often as MAX_EVENT_DELIVERIES: then set it aside."""
         now = time.time()
         try:
-            self.engine.handle(event, now)
+            self._steady(f"applying event {event.kind} of {event.message_id}",
+                         lambda: self.engine.handle(event, now))
         except Exception as exc:
             if delivery.delivery_count < MAX_EVENT_DELIVERIES:
                 raise

@@ -11,17 +11,27 @@ typed methods.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from conveyor import refusals, sqlfiles
-from conveyor.errors import ConfigError, Refused, StateStoreUnavailable
+from conveyor.errors import (
+    BrokerConnectionError,
+    ConfigError,
+    Refused,
+    StateStoreLost,
+    StateStoreUnavailable,
+    one_line,
+)
 from conveyor.locations import embedded_state_url, path_from_url, redact, scheme
+from conveyor.pgfailover import is_connection_loss, url_names_several_hosts
 
 Row = dict[str, Any]
+_log = logging.getLogger("conveyor.state")
 
 
 class Store:
@@ -155,65 +165,140 @@ class SQLiteStore(Store):
 
 class PostgresStore(Store):
     """psycopg 3 in autocommit mode with explicit transactions; `?schema=NAME` in the URL
-    keeps the tables in their own schema (created on start)."""
+    keeps the tables in their own schema (created on start).
+
+    Failover: a URL may name a primary and its standbys (`postgresql://h1:5432,h2:5433/db`,
+    pgfailover.py). A session lost in use (the server died, or it answers as a standby)
+    raises `StateStoreLost` and is closed; the next use outside a transaction opens a new one
+    on whichever host is the primary then, trying with backoff for up to `?retry_seconds=`
+    (default 60), and LISTENs again on its channels."""
 
     dialect = "postgres"
 
     def __init__(self, url: str) -> None:
-        import psycopg
-        from psycopg.rows import dict_row
-
         super().__init__()
-        conninfo, self.schema = _split_schema(url)
+        self.url = redact(url)
+        self._conninfo, self.schema, retry = _split_schema(url)
+        self._transaction: Any = None
+        self._listening: set[str] = set()
+        self._db = self._connect()
+        from conveyor.broker.reconnect import Reconnect
+        self._reconnect = Reconnect(f"the state store at {self.url}", _log, is_connection_loss,
+                                    retry)
+        self._reconnect.reached = True
+
+    def _connect(self) -> Any:
+        """The first session; a refusal or an outage is one line naming the URL."""
+        import psycopg
         try:
-            self._db = psycopg.connect(conninfo, autocommit=True, row_factory=dict_row)
+            return self._open()
         except psycopg.OperationalError as exc:
             reason = refusals.postgres(exc)   # a database that does not exist: not an outage
             if reason:
-                raise Refused(f"the state store: Postgres at {redact(url)} {reason}") from None
+                raise Refused(f"the state store: Postgres at {self.url} {reason}") from None
             detail = " ".join(str(exc).split())   # one line: psycopg's message has two
             raise StateStoreUnavailable(
-                f"cannot reach the state store {redact(url)}: {detail}; check that it is "
+                f"cannot reach the state store {self.url}: {detail}; check that it is "
                 "running, and the host and port in the URL") from None
-        self._transaction: Any = None
-        self._listening: set[str] = set()
-        if self.schema:
-            self._db.execute(f"SET search_path TO {_quoted(self.schema)}")
+
+    def _open(self) -> Any:
+        """A new session, with the schema as its search_path, LISTENing where we did."""
+        import psycopg
+        from psycopg.rows import dict_row
+        db = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row)
+        try:
+            if self.schema:
+                db.execute(f"SET search_path TO {_quoted(self.schema)}")
+            for channel in sorted(self._listening):
+                db.execute(f"LISTEN {_quoted(channel)}")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _session(self) -> Any:
+        """The session, opened again first if it was lost (never inside a transaction: the
+        transaction went with it, and `_guarded` said so)."""
+        if self._transaction is None and (self._db.closed or self._db.broken):
+            try:
+                self._db = self._reconnect.call("reconnecting", self._open)
+            except BrokerConnectionError as exc:   # Reconnect's words, the store's error
+                raise StateStoreUnavailable(str(exc).replace(
+                    "in the broker URL", "in the state store URL")) from None
+            _log.info("state store %s: connected again", self.url)
+        return self._db
+
+    @contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """A lost session (pgfailover.is_connection_loss) closed and raised as StateStoreLost."""
+        import psycopg
+        try:
+            yield
+        except psycopg.Error as exc:
+            if not (is_connection_loss(exc) or self._db.closed or self._db.broken):
+                raise
+            self._db.close()
+            raise StateStoreLost(
+                f"the state store {self.url}: session lost ({one_line(exc)}); what was in "
+                "progress was rolled back, or its commit's outcome is unknown; the next use "
+                "connects again") from exc
 
     def listen(self, channel: str) -> None:
-        """LISTEN on `channel` (once per connection), for `notifications`."""
+        """LISTEN on `channel` (once per session: a new session LISTENs again), for
+        `notifications`."""
         if channel not in self._listening:
-            self._db.execute(f"LISTEN {_quoted(channel)}")
+            with self._guarded():
+                self._session().execute(f"LISTEN {_quoted(channel)}")
             self._listening.add(channel)
 
     def notifications(self, timeout: float) -> list[str]:
-        """Payloads that arrive within `timeout`: returns at the first, or empty at timeout."""
-        return [n.payload for n in self._db.notifies(timeout=timeout, stop_after=1)]
+        """Payloads that arrive within `timeout`: returns at the first, or empty at timeout.
+        A lost session returns none at once (the caller reads again; the next use
+        reconnects and LISTENs again: what was sent meanwhile is gone)."""
+        try:
+            with self._guarded():
+                db = self._session()
+                return [n.payload for n in db.notifies(timeout=timeout, stop_after=1)]
+        except StateStoreLost as exc:
+            _log.warning("%s; listening again", exc)
+            return []
 
     def _prepare_schema(self) -> None:
         if self.schema:
             self._db.execute(f"CREATE SCHEMA IF NOT EXISTS {_quoted(self.schema)}")
 
     def _execute(self, sql: str, params: dict[str, Any]) -> tuple[list[Row], int]:
-        cursor = self._db.execute(sql.encode(), params or None)
-        found = cursor.fetchall() if cursor.description else []
-        return found, cursor.rowcount
+        with self._guarded():
+            cursor = self._session().execute(sql.encode(), params or None)
+            found = cursor.fetchall() if cursor.description else []
+            return found, cursor.rowcount
 
     def _execute_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        with self._db.cursor() as cursor:
+        with self._guarded(), self._session().cursor() as cursor:
             cursor.executemany(sql.encode(), rows)
 
     def _begin(self) -> None:
-        self._transaction = self._db.transaction()
-        self._transaction.__enter__()
+        with self._guarded():
+            transaction = self._session().transaction()
+            transaction.__enter__()
+        self._transaction = transaction
 
     def _commit(self) -> None:
         transaction, self._transaction = self._transaction, None
-        transaction.__exit__(None, None, None)
+        with self._guarded():
+            transaction.__exit__(None, None, None)
 
     def _rollback(self) -> None:
+        """Roll back; on a session already lost there is nothing to roll back (the caller's
+        error, StateStoreLost, says so)."""
+        import psycopg
         transaction, self._transaction = self._transaction, None
-        transaction.__exit__(RuntimeError, RuntimeError("rolled back"), None)
+        try:
+            transaction.__exit__(RuntimeError, RuntimeError("rolled back"), None)
+        except psycopg.Error as exc:
+            if not (is_connection_loss(exc) or self._db.closed or self._db.broken):
+                raise
+            self._db.close()
 
     def close(self) -> None:
         self._db.close()
@@ -222,18 +307,28 @@ class PostgresStore(Store):
 #: Seconds a connect attempt waits for a server that accepts and never answers (unless the
 #: URL says `?connect_timeout=`).
 CONNECT_TIMEOUT = "10"
+#: How long a lost session is tried again before the store says it is unavailable (unless
+#: the URL says `?retry_seconds=`): long enough for a standby to be promoted.
+RETRY_SECONDS = 60.0
 
 
-def _split_schema(url: str) -> tuple[str, str]:
+def _split_schema(url: str) -> tuple[str, str, float]:
     """`postgresql://…?schema=x&sslmode=y` -> (`postgresql://…?sslmode=y&connect_timeout=10`,
-    "x")."""
+    "x", retry seconds); several hosts connect to the one that takes writes
+    (pgfailover.with_failover_defaults)."""
+    from conveyor.broker.reconnect import retry_seconds
     parts = urlsplit(url)
     options = parse_qsl(parts.query)
+    ours = ("schema", "retry_seconds", "reconnect_timeout")
     schema = next((v for k, v in options if k == "schema"), "")
+    retry = retry_seconds({k: v for k, v in options if k in ours}, redact(url), RETRY_SECONDS)
     if not any(k == "connect_timeout" for k, _ in options):   # libpq's default: forever
         options.append(("connect_timeout", CONNECT_TIMEOUT))
-    rest = urlencode([(k, v) for k, v in options if k != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema
+    if url_names_several_hosts(url) and not any(k == "target_session_attrs"
+                                                 for k, _ in options):
+        options.append(("target_session_attrs", "read-write"))
+    rest = urlencode([(k, v) for k, v in options if k not in ours], quote_via=quote)
+    return urlunsplit(parts._replace(query=rest)), schema, retry
 
 
 def _quoted(identifier: str) -> str:
