@@ -74,7 +74,8 @@ def port(text: str) -> int:
 
 def url(text: str) -> str:
     """A URL of the form scheme://[user[:password]@]host[:port]/…, or "" (the default);
-    several `host[:port]` separated by commas are libpq's failover list (pgfailover.py)."""
+    several `host[:port]` separated by commas are libpq's failover list (pgfailover.py), or
+    the nodes of a RabbitMQ cluster (broker/rabbitmq/settings.py)."""
     if not text:
         return text
     if "://" not in text:

@@ -28,7 +28,8 @@ def for_broker(broker_url: str, open_records: Callable[[], Limiter]) -> Channel:
         return servers.PostgresChannel(settings.params, f"conveyor_control_{settings.schema}")
     if kind in ("amqp", "amqps"):
         from conveyor.broker.rabbitmq.settings import parse_url as parse_amqp
-        return servers.AmqpChannel(parse_amqp(broker_url).params, "conveyor.control")
+        # pika tries a list of parameters in turn: every node of a multi-host URL
+        return servers.AmqpChannel(list(parse_amqp(broker_url).hosts), "conveyor.control")
     if kind.startswith("kombu+"):
         return _kombu(broker_url, open_records)
     return Poll(open_records)
@@ -43,6 +44,6 @@ def _kombu(broker_url: str, open_records: Callable[[], Limiter]) -> Channel:
         return servers.RedisChannel(settings.url, f"{prefix}conveyor:control")
     if settings.transport in ("amqp", "amqps"):
         import pika
-        url = settings.url.replace("pyamqp://", "amqp://", 1)
-        return servers.AmqpChannel(pika.URLParameters(url), f"{prefix}conveyor.control")
+        return servers.AmqpChannel([pika.URLParameters(url.replace("pyamqp://", "amqp://", 1))
+                                    for url in settings.hosts], f"{prefix}conveyor.control")
     return Poll(open_records)

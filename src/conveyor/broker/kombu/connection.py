@@ -11,6 +11,7 @@ import socket
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import kombu
 from kombu import Exchange, Producer
@@ -29,7 +30,7 @@ from conveyor.broker.kombu.settings import (
 )
 from conveyor.broker.kombu.subscription import Channels, Subscription
 from conveyor.broker.reconnect import Reconnect, Recovery, quiet_library_loggers
-from conveyor.errors import BrokerError, ConfigError
+from conveyor.errors import BrokerError, ConfigError, one_line
 
 log = logging.getLogger("conveyor.broker.kombu")
 quiet_library_loggers("kombu", "amqp")
@@ -67,6 +68,9 @@ class KombuConnection(Broker):
         self._live: set[Receipt] = set()  # deliveries handed out and not settled
         self._loop: object | None = None  # the consume loop now running
         self._closed = False
+        #: the node of `settings.hosts` connected now, or last; the one lost last
+        self.node = 0
+        self._last_lost = ""
         self._holder: Callable[[socket.socket], None] | None = None
         try:
             probe = kombu.Connection(self.settings.url)  # never connected: names the errors
@@ -95,13 +99,48 @@ class KombuConnection(Broker):
 
     def _connection(self) -> kombu.Connection:
         if self._conn is None:
-            conn = kombu.Connection(self.settings.url, connect_timeout=5,
-                                    transport_options=dict(self.settings.transport_options))
-            conn.ensure_connection(max_retries=1)
+            conn = self._open()
             self._conn, self._declared = conn, set()
             self._open_channel(conn)
             self._hand_to_holder(conn)
         return self._conn
+
+    def _open(self) -> kombu.Connection:
+        """A connection to the first node that answers: kombu walks its ';' list in the
+        order given (the node the last connection was lost from last), with no pause
+        within one walk; when none answers, the error names each node and why."""
+        hosts = list(self.settings.hosts)
+        if self._last_lost in hosts:
+            hosts.remove(self._last_lost)
+            hosts.append(self._last_lost)
+        conn = kombu.Connection(";".join(hosts), connect_timeout=5,
+                                transport_options=dict(self.settings.transport_options))
+        failures: list[str] = []
+
+        def failed(exc: BaseException, interval: float) -> None:
+            failures.append(f"{conn.hostname}:{conn.port}: {one_line(exc)}")
+        try:
+            conn.ensure_connection(max_retries=max(1, len(hosts) - 1), errback=failed)
+        except self._errors as exc:
+            if len(hosts) == 1 or not self._is_loss(exc):
+                raise
+            failures.append(f"{conn.hostname}:{conn.port}: {one_line(exc)}")
+            raise ConnectionError("no RabbitMQ node answered: "
+                                  + "; ".join(failures)) from exc
+        index = self._node_of(conn)
+        if len(hosts) > 1 and index != self.node:
+            log.info("connected to RabbitMQ node %s:%s (%d of %d in the broker URL)",
+                     conn.hostname, conn.port, index + 1, len(hosts))
+        self.node = index
+        return conn
+
+    def _node_of(self, conn: kombu.Connection) -> int:
+        """The index in `settings.hosts` of the node `conn` is connected to."""
+        for n, url in enumerate(self.settings.hosts):
+            parts = urlsplit(url)
+            if (parts.hostname, parts.port or conn.port) == (conn.hostname, conn.port):
+                return n
+        return 0
 
     def _open_channel(self, conn: kombu.Connection) -> None:
         """The channel for publishing, declaring and admin (consuming has its own)."""
@@ -135,6 +174,8 @@ class KombuConnection(Broker):
         counting against prefetch at once, and settling one raises LeaseLost.
         """
         conn, self._conn, self._sub, self._chans = self._conn, None, None, None
+        if conn is not None and len(self.settings.hosts) > 1:
+            self._last_lost = self.settings.hosts[self.node]
         self._epoch += 1
         for receipt in list(self._live):
             self._release(receipt)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from conveyor.broker import positive_option
 from conveyor.broker.bands import TOP_BAND, band_of
@@ -41,13 +41,16 @@ REDIS_STEP = {band: 9 - 3 * band for band in range(TOP_BAND + 1)}
 class KombuSettings:
     """A parsed `kombu+…` URL: kombu's own URL plus Conveyor's options."""
 
-    url: str
+    url: str  # kombu's: several nodes of a cluster joined by ';' (kombu's failover list)
     transport: str
     prefix: str
     where: str
     retry_seconds: float
     transport_options: dict[str, Any] = field(default_factory=dict)
     queue_arguments: dict[str, Any] = field(default_factory=dict)
+    #: one kombu URL per node of a multi-host AMQP URL (kombu+amqp://u:p@h1,h2/vhost), in
+    #: its order; one for a single host
+    hosts: tuple[str, ...] = ()
 
 
 def parse_url(url: str) -> KombuSettings:
@@ -70,11 +73,27 @@ def parse_url(url: str) -> KombuSettings:
     if transport in REDIS and prefix:  # kombu prefixes every key, its bookkeeping too
         options["global_keyprefix"], prefix = prefix, ""
     expires = positive_option(ours, "queue_expires", 0.0, url)
-    return KombuSettings(url=rest, transport=transport, prefix=prefix,
+    hosts = one_url_per_host(parts._replace(query=urlsplit(rest).query), transport)
+    return KombuSettings(url=";".join(hosts), transport=transport, prefix=prefix, hosts=hosts,
                          where=redact(url.split("?", 1)[0]),
                          retry_seconds=retry_seconds(ours, url),
                          transport_options=options,
                          queue_arguments={"x-expires": int(expires * 1000)} if expires else {})
+
+
+def one_url_per_host(parts: SplitResult, transport: str) -> tuple[str, ...]:
+    """kombu's URL for each node an AMQP URL names comma-separated (h1:5672,h2:5673): kombu
+    fails over along a ';'-joined list of whole URLs, not along a host list."""
+    login, at, hostlist = parts.netloc.rpartition("@")
+    names = hostlist.split(",")
+    if transport not in CONNECTION_BOUND or len(names) == 1:
+        return (urlunsplit(parts),)
+    if not all(name.strip() for name in names):
+        raise ConfigError(f"kombu broker URL {redact(urlunsplit(parts))!r} names an empty "
+                          "host: separate hosts with single commas, e.g. "
+                          "kombu+amqp://u:p@h1:5672,h2:5672/vhost")
+    return tuple(urlunsplit(parts._replace(netloc=f"{login}{at}{name.strip()}"))
+                 for name in names)
 
 
 def level_of(seconds: float) -> int:

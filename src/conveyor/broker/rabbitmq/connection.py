@@ -15,13 +15,25 @@ Deliveries held from a lost connection or channel can no longer be settled:
 `ack`/`retry_later`/`dead_letter`/`extend_lease` raise `LeaseLost`, and RabbitMQ redelivers
 them. `close()` closes the connection, which returns every
 unacknowledged delivery (redelivered with `x-delivery-count`).
+
+**A cluster.** A URL naming several nodes (`amqp://u:p@h1,h2,h3/vhost`, see `settings`) is
+walked in its order at every connect and reconnect, with a pause of up to `HOST_JITTER` s at
+random before each next node (so a fleet that lost one node does not land on the next in
+one step; the reconnect backoff adds its own jitter before the walk). The node a
+connection was lost from is tried last: it is the one most likely down, and a dead host
+that drops packets costs a connect timeout. When no node answers, the error names each one
+and why (`NoNodeAnswered`); a reconnect retries the walk like any lost connection. Queues are
+quorum queues: on a cluster each is replicated on up to RabbitMQ's
+`quorum_cluster_size` nodes (3 by default on 3.10) running at its declaration.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -65,6 +77,8 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     pex.AMQPConnectionError, pex.ChannelWrongStateError,
     # what BlockingConnection raises as it is, e.g. a handshake the port never answers
     AMQPConnectorException)
+#: The longest pause, at random, before trying the next node of a multi-host URL.
+HOST_JITTER = 0.1
 PROBABLE_LOGIN_ERRORS: tuple[type[BaseException], ...] = (
     pex.ProbableAuthenticationError, pex.ProbableAccessDeniedError)
 
@@ -84,6 +98,30 @@ def refused_by_broker(exc: BaseException) -> bool:
     return isinstance(exc, pex.ConnectionClosedByBroker) and exc.reply_code in (403, 530)
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """What pika's connection errors wrap, innermost (`AMQPConnectionError` holds an
+    `AMQPConnectorSocketConnectError` whose `exception` is the `ConnectionRefusedError`)."""
+    for _ in range(5):
+        inner = exc.args[0] if exc.args else getattr(exc, "exception", None)
+        if not isinstance(inner, BaseException):
+            break
+        exc = inner
+    return exc
+
+
+class NoNodeAnswered(pex.AMQPConnectionError):  # type: ignore[misc]  # pika is untyped
+    """No node of a multi-host URL answered: each node, and why (a lost connection, so it
+    is retried like one)."""
+
+    def __init__(self, failures: list[tuple[str, BaseException]]) -> None:
+        self.failures = failures
+        super().__init__("no RabbitMQ node answered: " + "; ".join(
+            f"{where}: {one_line(root_cause(exc))}" for where, exc in failures))
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class RabbitMQConnection(Broker):
     """The connection, its long-lived channels and declarations, shared by every role
     (see the module docstring)."""
@@ -93,7 +131,11 @@ class RabbitMQConnection(Broker):
         self.settings = parse_url(url)
         self.connection_name = (f"conveyor {socket.gethostname()} pid {os.getpid()} "
                                 f"{uuid.uuid4().hex[:8]}")
-        self.settings.params.client_properties = {"connection_name": self.connection_name}
+        for params in self.settings.hosts:
+            params.client_properties = {"connection_name": self.connection_name}
+        #: the node of `settings.hosts` connected now, or last (-1: none yet)
+        self.node = -1
+        self._last_lost = -1  # the node the last connection was lost from: tried last
         self.server_version: tuple[int, ...] = ()
         self._mgmt = ManagementAPI(self.settings.management, self.settings.management_user,
                                    self.settings.management_password,
@@ -126,20 +168,40 @@ class RabbitMQConnection(Broker):
         if self._conn is not None and self._conn.is_open:
             return self._conn
         self._drop_connection()
-        try:
-            conn = pika.BlockingConnection(self.settings.params)
-        except CONNECTION_ERRORS as exc:
-            if not self._connected_once and refused_by_broker(exc):
-                raise Refused(f"RabbitMQ at {self.settings.where} refused the login "
-                                  f"({one_line(exc)}): check the user, password and vhost in "
-                                  "the broker URL") from exc
-            raise
+        conn = self._open()
         self._conn = conn
         self._connected_once = True
         self._hand_to_holder(conn)
         server = getattr(getattr(conn, "_impl", None), "server_properties", None) or {}
         self.server_version = parse_version(server.get("version"))
         return conn
+
+    def _open(self) -> BlockingConnection:
+        """A new connection to the first node that answers (see the module docstring)."""
+        hosts = self.settings.hosts
+        order = [n for n in range(len(hosts)) if n != self._last_lost]
+        order += [n for n in range(len(hosts)) if n == self._last_lost]
+        failures: list[tuple[str, BaseException]] = []
+        for n in order:
+            if failures:
+                time.sleep(random.uniform(0, HOST_JITTER))
+            try:
+                conn = pika.BlockingConnection(hosts[n])
+            except CONNECTION_ERRORS as exc:
+                if not self._connected_once and refused_by_broker(exc):
+                    raise Refused(f"RabbitMQ at {self.settings.where} refused the login "
+                                  f"({one_line(exc)}): check the user, password and vhost "
+                                  "in the broker URL") from exc
+                failures.append((self.settings.host_names[n], exc))
+                continue
+            if len(hosts) > 1 and n != self.node:
+                LOG.info("connected to RabbitMQ node %s (%d of %d in the broker URL)",
+                         self.settings.host_names[n], n + 1, len(hosts))
+            self.node = n
+            return conn
+        if len(failures) == 1:
+            raise failures[0][1]
+        raise NoNodeAnswered(failures)
 
     def hold_connections_with(self, hold: Callable[[socket.socket], None]) -> None:
         """Deliveries go back the moment the connection closes (see `Broker`)."""
@@ -172,6 +234,8 @@ class RabbitMQConnection(Broker):
     def _drop_connection(self) -> None:
         """Forget the connection (closing it if it is still open); the subscription is lost."""
         conn, self._conn = self._conn, None
+        if conn is not None:
+            self._last_lost = self.node
         self._channels.clear()
         self._batch = None
         if self._sub is not None:

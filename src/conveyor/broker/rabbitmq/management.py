@@ -4,6 +4,12 @@ AMQP has no unacked count: only the management plugin knows how many deliveries 
 connections hold. `depth` asks it only when other connections consume the queue (see
 `broker`); RabbitMQ refreshes these statistics every few seconds. Stdlib urllib keeps the
 transport free of an HTTP client dependency.
+
+On a cluster every node's management API answers for the whole cluster, so the client is
+given one base URL per node and follows the one that answers: it asks the node that
+answered last, and on a connection error (or a 5xx: a node booting or stopping) the next one,
+in turn; an HTTP refusal (401, 404) is an answer and is not retried elsewhere. When none
+answers, the error names each and why.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote, urlencode
@@ -26,9 +33,11 @@ class ManagementAPI:
     not say. Stdlib urllib keeps the transport free of an HTTP client dependency.
     """
 
-    def __init__(self, base: str, user: str, password: str, vhost: str,
+    def __init__(self, base: str | Sequence[str], user: str, password: str, vhost: str,
                  timeout: float = 5.0) -> None:
-        self.base = base
+        """`base`: the management API's base URL, or one per node of a cluster."""
+        self.bases = (base,) if isinstance(base, str) else tuple(base)
+        self._at = 0  # the node that answered last
         self.user = user
         self.vhost = vhost
         self.timeout = timeout
@@ -59,24 +68,44 @@ class ManagementAPI:
                       if isinstance(row, dict) and str(row.get("name", "")).endswith(".dead")
                       and row.get("messages"))
 
+    @property
+    def base(self) -> str:
+        """The base URL of the node that answered last (the first, before any answered)."""
+        return self.bases[self._at]
+
     def _get(self, path: str, queue: str, what: str = "") -> Any:
-        """GET `path`; `what` the call was for, in its errors (default: counting the
-        in-flight messages of `queue`)."""
+        """GET `path` from the node that answered last, else the next that answers; `what`
+        the call was for, in its errors (default: counting the in-flight messages of
+        `queue`)."""
         what = what or f"count in-flight messages of queue {queue!r}"
-        request = Request(self.base + path, headers={"Authorization": self._auth})
-        try:
-            with urlopen(request, timeout=self.timeout) as response:
-                return json.load(response)
-        except HTTPError as exc:
-            exc.close()
-            raise BrokerError(self._http_problem(exc.code, queue)) from exc
-        except (URLError, OSError, ValueError) as exc:
-            raise BrokerError(
-                f"cannot {what}: the RabbitMQ management "
-                f"API at {self.base} is unreachable ({exc}). RabbitMQ reports unacknowledged "
-                "deliveries only through its management plugin: enable it with "
-                "`rabbitmq-plugins enable rabbitmq_management`, or point the broker URL's "
-                "?management=http://host:15672 at it") from exc
+        failures: list[str] = []
+        for step in range(len(self.bases)):
+            at = (self._at + step) % len(self.bases)
+            try:
+                found = self._get_from(self.bases[at], path)
+            except HTTPError as exc:
+                exc.close()
+                if exc.code < 500:
+                    self._at = at
+                    raise BrokerError(self._http_problem(exc.code, queue)) from exc
+                failures.append(f"{self.bases[at]} answered HTTP {exc.code}")
+            except (URLError, OSError, ValueError) as exc:
+                failures.append(f"{self.bases[at]} is unreachable ({exc})")
+            else:
+                self._at = at
+                return found
+        where = (failures[0] if len(failures) == 1 else
+                 "no node's management API answered: " + "; ".join(failures))
+        raise BrokerError(
+            f"cannot {what}: the RabbitMQ management API at {where}. RabbitMQ reports "
+            "unacknowledged deliveries only through its management plugin: enable it with "
+            "`rabbitmq-plugins enable rabbitmq_management`, or point the broker URL's "
+            "?management=http://host:15672 at it (a cluster: one per node, comma-separated)")
+
+    def _get_from(self, base: str, path: str) -> Any:
+        request = Request(base + path, headers={"Authorization": self._auth})
+        with urlopen(request, timeout=self.timeout) as response:
+            return json.load(response)
 
     def _http_problem(self, status: int, queue: str) -> str:
         if status in (401, 403):

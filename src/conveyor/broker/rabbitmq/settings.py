@@ -2,6 +2,13 @@
 
 pika rejects query options it does not know, so Conveyor's (`management`, `delivery_limit`,
 `consumer_timeout`, `retry_seconds`) are split off before pika parses the rest.
+
+**A cluster.** The URL may name several nodes of one cluster, comma-separated:
+`amqp://u:p@h1:5672,h2:5673,h3/vhost` (a host without a port gets the scheme's default). They
+share the credentials, vhost and query; each becomes one pika `URLParameters` in `hosts`, in
+the URL's order (the connection tries them in turn: see `connection`). `?management=` may
+name one management API per node the same way (`http://h1:15672,http://h2:15672`); without
+it each AMQP host's own port 15672 (15671 for amqps) is assumed.
 """
 
 from __future__ import annotations
@@ -24,14 +31,18 @@ DEFAULT_CONSUMER_TIMEOUT = 3600.0
 class RabbitMQSettings:
     """A parsed `amqp://` URL: pika's parameters plus Conveyor's own query options."""
 
-    params: pika.URLParameters
+    params: pika.URLParameters  # the first host's; every host shares its vhost and login
     where: str
-    management: str
+    management: tuple[str, ...]  # one base URL per node, tried in turn (management.py)
     management_user: str
     management_password: str
     delivery_limit: int
     consumer_timeout: float
     retry_seconds: float
+    #: every node the URL names, in its order (one for a single host)
+    hosts: tuple[pika.URLParameters, ...] = ()
+    #: each host as `host:port`, for logs and errors
+    host_names: tuple[str, ...] = ()
 
 
 OPTIONS = ("management", "delivery_limit", "consumer_timeout", RETRY_OPTION,
@@ -39,21 +50,28 @@ OPTIONS = ("management", "delivery_limit", "consumer_timeout", RETRY_OPTION,
 
 
 def parse_url(url: str) -> RabbitMQSettings:
-    """Split Conveyor's options off the URL (pika rejects unknown ones) and parse the rest."""
+    """Split Conveyor's options off the URL (pika rejects unknown ones) and parse the rest,
+    once per host of a multi-host URL."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     ours = {k: v for k, v in query if k in OPTIONS}
-    amqp_url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query
-                                                          if k not in OPTIONS])))
+    rest = urlencode([(k, v) for k, v in query if k not in OPTIONS])
+    login, at, hostlist = parts.netloc.rpartition("@")
+    names = [h.strip() for h in hostlist.split(",")]
+    if len(names) > 1 and not all(names):
+        raise ConfigError(f"RabbitMQ URL {redact(url)!r} names an empty host: separate hosts "
+                          "with single commas, e.g. amqp://u:p@h1:5672,h2:5672/vhost")
     try:
-        params = pika.URLParameters(amqp_url)
+        hosts = tuple(pika.URLParameters(urlunsplit(parts._replace(
+            netloc=f"{login}{at}{name}", query=rest))) for name in names)
     except ValueError as exc:
         raise ConfigError(f"RabbitMQ URL {redact(url)!r} is not valid: {exc}") from exc
+    params = hosts[0]
     creds = params.credentials
     user = getattr(creds, "username", "guest")
     password = getattr(creds, "password", "guest")
-    management, m_user, m_password = management_url(ours.get("management"), parts.scheme,
-                                                    params.host, user, password)
+    management, m_user, m_password = management_urls(ours.get("management"), parts.scheme,
+                                                     [h.host for h in hosts], user, password)
     return RabbitMQSettings(
         params=params, where=redact(url.split("?", 1)[0]), management=management,
         management_user=m_user, management_password=m_password,
@@ -61,7 +79,30 @@ def parse_url(url: str) -> RabbitMQSettings:
                                            url)),
         consumer_timeout=positive_option(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT,
                                          url),
-        retry_seconds=retry_seconds(ours, url))
+        retry_seconds=retry_seconds(ours, url), hosts=hosts,
+        host_names=tuple(f"{bracket(h.host)}:{h.port}" for h in hosts))
+
+
+def bracket(host: str) -> str:
+    """An IPv6 literal in brackets, as a URL's netloc wants it."""
+    return f"[{host}]" if ":" in host else host
+
+
+def management_urls(given: str | None, scheme: str, hosts: list[str], user: str,
+                    password: str) -> tuple[tuple[str, ...], str, str]:
+    """(base URLs without credentials, user, password) of the management HTTP API: the
+    `?management=` list (comma-separated), or each AMQP host's default management port.
+    The first URL that carries a login gives it to all."""
+    if not given:
+        return tuple(management_url(None, scheme, host, user, password)[0]
+                     for host in hosts), user, password
+    bases = [management_url(one.strip(), scheme, hosts[0], user, password)
+             for one in given.split(",") if one.strip()]
+    if not bases:
+        raise ConfigError("RabbitMQ URL option ?management= is empty: give the management "
+                          "API as http://host:15672 (several nodes: comma-separated)")
+    login = next(((u, p) for _, u, p in bases if (u, p) != (user, password)), (user, password))
+    return tuple(base for base, _, _ in bases), *login
 
 
 def management_url(given: str | None, scheme: str, host: str, user: str,
@@ -69,12 +110,12 @@ def management_url(given: str | None, scheme: str, host: str, user: str,
     """(base URL without credentials, user, password) of the management HTTP API."""
     if not given:
         secure = scheme.lower() == "amqps"
-        host = f"[{host}]" if ":" in host else host
+        host = bracket(host)
         return f"{'https' if secure else 'http'}://{host}:{15671 if secure else 15672}", \
             user, password
     parts = urlsplit(given)
     netloc = parts.hostname or "localhost"
-    netloc = f"[{netloc}]" if ":" in netloc else netloc
+    netloc = bracket(netloc)
     if parts.port:
         netloc += f":{parts.port}"
     base = urlunsplit((parts.scheme or "http", netloc, parts.path.rstrip("/"), "", ""))
