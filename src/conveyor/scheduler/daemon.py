@@ -286,6 +286,9 @@ class Daemon:
         now = time.time()
         try:
             self.engine.handle_many([event for _, event in events], now)
+        except StateStoreLost as exc:   # said in one line: no traceback helps here
+            log.warning("a batch of %d events was cut off (%s); applying each alone",
+                        len(events), exc)
         except Exception:
             log.info("a batch of %d events failed to apply; applying each alone",
                      len(events), exc_info=True)
