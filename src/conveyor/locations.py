@@ -100,14 +100,20 @@ def store_urls(broker_url: str = "", state_url: str = "", result_url: str = "",
                      registry=state_url or (None if broker_url else state))
 
 
+#: A Postgres broker URL's options that are the broker's (broker/pgurl.py), not libpq's: a
+#: store opened on the same URL drops them (`retry_seconds` kept there failed every result
+#: write of a worker whose broker URL set it: libpq refuses an option it does not know).
+POSTGRES_BROKER_OPTIONS = ("ack_commit", "vacuum_every", "retry_seconds", "reconnect_timeout")
+
+
 def _results_beside(broker: str, state: str) -> str:
     kind = scheme(broker)
     if kind in REDIS:
         return broker
     if kind == "sqlite":   # results.db beside the broker's file, its options dropped
         return f"sqlite://{path_from_url(broker)[0].parent / 'results.db'}"
-    if kind in POSTGRES:
-        return _without(broker, "ack_commit")   # the broker's own option; libpq refuses it
+    if kind in POSTGRES:   # the broker's own options dropped: libpq refuses them
+        return _without(broker, *POSTGRES_BROKER_OPTIONS)
     return state
 
 
@@ -121,10 +127,11 @@ def _limits_beside(broker: str, state: str) -> str:
     return broker if kind in (*REDIS, "sqlite") else state
 
 
-def _without(url: str, option: str) -> str:
-    """`url` without one query option."""
+def _without(url: str, *options: str) -> str:
+    """`url` without these query options."""
     parts = urlsplit(url)
-    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != option]
+    kept = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+            if k not in options]
     return urlunsplit(parts._replace(query=urlencode(kept)))
 
 

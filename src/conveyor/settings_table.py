@@ -233,6 +233,11 @@ FLAGS = (
             "only logged)", "", kinds.code_version, flags=("--code-version",)),
     flagged("CONVEYOR_HEARTBEAT_INTERVAL", "seconds between heartbeats (lease renewals, events)",
             10.0, kinds.positive_seconds, flags=("--heartbeat-interval",)),
+    flagged("CONVEYOR_LEASE", "seconds a delivery stays this worker's without a renewal "
+            "(Redis, Postgres, SQLite): a worker that cannot renew for this long stops the task "
+            "itself before another worker runs it (self-fencing); longer rides out a longer "
+            "broker outage, shorter hands a cut-off worker's task on sooner (0: three heartbeat "
+            "intervals, at least 3 s)", 0.0, kinds.seconds, flags=("--lease",)),
     flagged("CONVEYOR_BURST", "drain the queues, then exit", False, bool,
             flags=("--burst",)),
     flagged("CONVEYOR_METRICS_PORT", "serve Prometheus /metrics on this port (0: off)",

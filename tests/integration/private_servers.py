@@ -11,7 +11,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +24,9 @@ PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))), None) \
     if Path("/usr/lib/postgresql").exists() else None
 
 
-def accepts(port: int) -> bool:
+def accepts(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        socket.create_connection((host, port), timeout=0.5).close()
         return True
     except OSError:
         return False
@@ -43,15 +44,24 @@ class PrivateServer:
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateServer]:
+    with redis_server(tmp_path) as server:
+        yield server
+
+
+@contextmanager
+def redis_server(home: Path, hosts: Sequence[str] = ("127.0.0.1",)) -> Iterator[PrivateServer]:
+    """A Redis of the caller's own listening on `hosts` (the first is the URL's), its files
+    in `home`; stopped on leaving."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed here")
-    port, procs = free_port(), []
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
-            "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+    port, procs = free_port(*hosts), []
+    argv = ["redis-server", "--port", str(port), "--bind", *hosts, "--dir", str(home),
+            "--protected-mode", "no", "--appendonly", "yes", "--appendfsync", "everysec",
+            "--save", ""]
 
     def start() -> None:
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL))
-        wait_for(lambda: accepts(port), 20, "the private Redis")
+        wait_for(lambda: accepts(port, hosts[0]), 20, "the private Redis")
 
     def stop_it() -> None:
         proc = procs.pop()
@@ -59,23 +69,35 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateServer]:
         proc.wait(timeout=30)
 
     start()
-    yield PrivateServer(f"redis://127.0.0.1:{port}/0", port, start, stop_it)
-    while procs:
-        stop_it()
+    try:
+        yield PrivateServer(f"redis://{hosts[0]}:{port}/0", port, start, stop_it)
+    finally:
+        while procs:
+            stop_it()
 
 
 @pytest.fixture
 def private_postgres() -> Iterator[PrivateServer]:
+    with postgres_server() as server:
+        yield server
+
+
+@contextmanager
+def postgres_server(hosts: Sequence[str] = ("127.0.0.1",),
+                    trusted: str = "") -> Iterator[PrivateServer]:
+    """A PostgreSQL cluster of the caller's own (initdb in a temp dir) listening on `hosts`
+    (the first is the URL's); `trusted`: a network (CIDR) whose clients it also trusts,
+    besides loopback. Stopped and removed on leaving."""
     if PG_BIN is None:
         pytest.skip("no PostgreSQL server binaries (/usr/lib/postgresql/*/bin) here")
     # Its own directory under /tmp: pytest's tmp_path is not reachable by the postgres user.
     home = Path(tempfile.mkdtemp(prefix="conveyor-pg-"))
-    port, data = free_port(), home / "data"
+    port, data = free_port(*hosts), home / "data"
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if as_postgres:
         shutil.chown(home, "postgres")
     ctl = [*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(home / "log")]
-    options = f"-p {port} -k {home} -c listen_addresses=127.0.0.1 -c fsync=off"
+    options = f"-p {port} -k {home} -c listen_addresses={','.join(hosts)} -c fsync=off"
 
     def start() -> None:
         subprocess.run([*ctl, "-o", options, "-w", "start"], check=True, capture_output=True,
@@ -89,8 +111,11 @@ def private_postgres() -> Iterator[PrivateServer]:
         subprocess.run([*as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "-U",
                         "postgres", "--auth=trust", "-N"], check=True, capture_output=True,
                        timeout=120)
+        if trusted:
+            with open(data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {trusted} trust\n")
         start()
-        yield PrivateServer(f"postgresql://postgres@127.0.0.1:{port}/postgres", port, start,
+        yield PrivateServer(f"postgresql://postgres@{hosts[0]}:{port}/postgres", port, start,
                             stop_it)
     finally:
         subprocess.run([*ctl, "-m", "immediate", "stop"], capture_output=True, timeout=60)

@@ -229,6 +229,10 @@ ON_TIME = 2.0
 DRAIN = 2.0
 #: A task that succeeds while the broker is away: its logged duration must be this.
 BRIEF = 4.0
+#: A lease that outlasts these outages: the tests below check what the worker keeps by its own
+#: clock while the broker is away, so the task must not be stopped by self-fencing meanwhile
+#: (its own tests: tests/integration/test_partitions.py).
+RIDES_OUT = f"--lease={LIMITS_OUTAGE + 30:g}"
 
 
 @dataclass
@@ -298,7 +302,7 @@ def test_time_limits_and_the_drain_deadline_are_kept_while_the_broker_is_away(
     client.enqueue(task_message("t.sleep", queue, BRIEF))
     client.broker.close()
     worker = start_worker(outage.url, queue, "--concurrency=3", f"--drain-timeout={DRAIN:g}",
-                          burst=False)
+                          RIDES_OUT, burst=False)
     output, reader = reading(worker)
     try:
         wait_for(lambda: read_ticks(limited) is not None and read_ticks(unlimited) is not None,
@@ -352,7 +356,7 @@ def test_a_frozen_broker_never_holds_up_the_runner_watch(unique: str, tmp_path: 
     client.enqueue(task_message("t.sleep", queue, 2.0, str(markers[0])))
     client.enqueue(task_message("t.sleep", queue, 4.0, str(markers[1])))
     client.broker.close()
-    worker = start_worker(url, queue, "--concurrency=3", burst=False)
+    worker = start_worker(url, queue, "--concurrency=3", RIDES_OUT, burst=False)
     output, reader = reading(worker)
     try:
         wait_for(lambda: all(m.exists() for m in markers), 60, "both tasks started")
@@ -390,7 +394,7 @@ def test_a_cold_stop_while_the_broker_is_away_stops_at_once(network_outage: Outa
     client = Client(from_url(outage.url))
     client.enqueue(task_message("t.tick", queue, str(ticks), 600))
     client.broker.close()
-    worker = start_worker(outage.url, queue, "--concurrency=1", burst=False)
+    worker = start_worker(outage.url, queue, "--concurrency=1", RIDES_OUT, burst=False)
     output, reader = reading(worker)
     try:
         wait_for(lambda: read_ticks(ticks) is not None, 60, "the task started")
@@ -427,7 +431,7 @@ def test_stop_signals_act_at_once_with_the_broker_frozen(unique: str, tmp_path: 
     client = Client(from_url(url))
     client.enqueue(task_message("t.tick", queue, str(ticks), 600))
     client.broker.close()
-    worker = start_worker(url, queue, "--concurrency=2", burst=False)
+    worker = start_worker(url, queue, "--concurrency=2", RIDES_OUT, burst=False)
     output, reader = reading(worker)
     try:
         wait_for(lambda: read_ticks(ticks) is not None, 60, "the task started")

@@ -406,3 +406,27 @@ def mark(path: str, token: str) -> str:
     finally:
         os.close(fd)
     return token
+
+
+@task(name="t.runlog", max_retries=0)
+def runlog(path: str, tag: str, seconds: float) -> int:
+    """For the partition tests: append `start TAG PID T`, `tick TAG PID T` every 50 ms and
+    `end TAG PID T` to the ledger at `path` (T: CLOCK_MONOTONIC, which every network namespace
+    shares), so a run killed midway shows when it last ran (its last tick), and two runs of
+    one task that overlapped show it. Returns its pid: which run's result was kept."""
+    pid = os.getpid()
+
+    def line(kind: str) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, f"{kind} {tag} {pid} {time.monotonic():.6f}\n".encode())
+        finally:
+            os.close(fd)
+
+    line("start")
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        time.sleep(min(0.05, max(0.0, until - time.monotonic())))
+        line("tick")
+    line("end")
+    return pid

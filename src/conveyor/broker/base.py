@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import math
 import socket
 import threading
 import time
@@ -50,6 +51,12 @@ class Delivery:
     delivery_count: int
     receipt: Any = field(repr=False)
     priority: int = 0
+    #: When (time.monotonic(), this process) its lease lapses at the earliest: the claim or
+    #: the last renewal was *sent* at `lease_until - lease_seconds`, so the broker's own
+    #: lease, started when the request arrived, lapses no sooner. Infinite where the
+    #: transport has no lease that lapses by time (RabbitMQ, kombu: a delivery is the
+    #: connection's). A worker stops its runner before this passes (worker/fencing.py).
+    lease_until: float = field(default=math.inf, repr=False)
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,9 @@ class Broker(abc.ABC):
     supports_priority: bool = True
     #: A one-line caveat printed at start for guarantees this transport cannot keep.
     weaker_guarantees: str = ""
+    #: Whether a delivery is held by a lease that lapses by time, the consumer alive or not
+    #: (Redis, Postgres, SQLite): then its `lease_until` is kept (see `Delivery`).
+    leases: bool = False
 
     def __init__(self, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         self.lease_seconds = lease_seconds
@@ -172,7 +182,9 @@ class Broker(abc.ABC):
             while not buffered:
                 if self.outstanding < prefetch and not self._paused:
                     free = prefetch - self.outstanding
-                    buffered.extend(self._claim(queues, free + self._reads_ahead()))
+                    since = time.monotonic()
+                    buffered.extend(self._leased(
+                        self._claim(queues, free + self._reads_ahead()), since))
                     if buffered:
                         break
                 remaining = deadline - time.monotonic()
@@ -197,7 +209,8 @@ class Broker(abc.ABC):
         """
         got: list[Delivery] = []
         while len(got) < limit and not self._paused:
-            more = self._claim(queues, limit - len(got))
+            since = time.monotonic()
+            more = self._leased(self._claim(queues, limit - len(got)), since)
             if not more:
                 break
             got += more
@@ -219,10 +232,22 @@ class Broker(abc.ABC):
         is someone else's now. Transports without leases make `extend_lease` a no-op.
         """
         for delivery in list(self._unhanded):
+            since = time.monotonic()
             try:
                 self.extend_lease(delivery, seconds)
             except LeaseLost:
                 self._unhanded.remove(delivery)
+            else:
+                self._leased([delivery], since, seconds)
+
+    def _leased(self, deliveries: list[Delivery], since: float,
+                seconds: float | None = None) -> list[Delivery]:
+        """Stamp `deliveries` claimed or renewed by a request sent at `since` with when
+        their lease lapses at the earliest (`Delivery.lease_until`), where leases lapse."""
+        if self.leases:
+            for delivery in deliveries:
+                delivery.lease_until = since + (seconds or self.lease_seconds)
+        return deliveries
 
     def give_back_claimed(self) -> None:
         """Give back at once what `consume` claimed and has not handed out (a draining

@@ -100,6 +100,8 @@ READ_AHEAD_WINDOW = 0.05
 class PostgresBroker(Broker):
     """Queues in one Postgres table per schema; see the module docstring for the design."""
 
+    leases = True
+
     def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         super().__init__(lease_seconds)
         self.url = redact(url)

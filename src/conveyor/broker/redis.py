@@ -116,6 +116,7 @@ class RedisBroker(Broker):
     """Queues as sorted sets on one Redis server, changed only by Lua scripts."""
 
     supports_priority = True
+    leases = True
 
     def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         super().__init__(lease_seconds)

@@ -51,6 +51,8 @@ POLL_FALLBACK = 5.0
 class SQLiteBroker(Broker):
     """Queues in one SQLite file."""
 
+    leases = True
+
     def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         super().__init__(lease_seconds)
         self.path, options = path_from_url(url)

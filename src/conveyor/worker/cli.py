@@ -19,6 +19,7 @@ from conveyor.broker import Consumer
 from conveyor.config import Renamed, Settings, env_flag
 from conveyor.control.for_broker import for_broker
 from conveyor.control.watch import CancelWatch
+from conveyor.errors import ConfigError
 from conveyor.limits import Limiter
 from conveyor.locations import listening
 from conveyor.results.base import ResultStore
@@ -72,6 +73,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     env_flag(p, env="CONVEYOR_HOSTNAME")
     env_flag(p, env="CONVEYOR_CODE_VERSION")
     env_flag(p, env="CONVEYOR_HEARTBEAT_INTERVAL")
+    env_flag(p, env="CONVEYOR_LEASE")
     env_flag(p, env="CONVEYOR_DRAIN_TIMEOUT")
     env_flag(p, env="CONVEYOR_BURST")
     env_flag(p, env="CONVEYOR_METRICS_PORT")
@@ -149,8 +151,7 @@ def _run_worker(args: argparse.Namespace, uid: int | None, gid: int | None,
         hostname=args.hostname, heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout, burst=args.burst, metrics_port=args.metrics_port,
         max_deliveries=args.max_deliveries, exit_after_outage=args.exit_after_outage)
-    broker = brokers.from_url(settings.broker_url,
-                              lease_seconds=max(3.0, 3 * config.heartbeat_interval))
+    broker = brokers.from_url(settings.broker_url, lease_seconds=lease_seconds(args))
     if broker.weaker_guarantees:
         logging.getLogger("conveyor.worker").warning("weaker guarantees: %s",
                                                      broker.weaker_guarantees)
@@ -169,6 +170,18 @@ def _run_worker(args: argparse.Namespace, uid: int | None, gid: int | None,
     finally:
         if registry is not None:
             registry.close()
+
+
+def lease_seconds(args: argparse.Namespace) -> float:
+    """`--lease`, else three heartbeat intervals and at least 3 s; it must outlast two
+    intervals, or a lease would lapse between two renewals (worker/fencing.py)."""
+    if not args.lease:
+        return max(3.0, 3.0 * float(args.heartbeat_interval))
+    if args.lease < 2 * args.heartbeat_interval:
+        raise ConfigError(f"--lease={args.lease:g} is shorter than two heartbeat intervals "
+                          f"(--heartbeat-interval={args.heartbeat_interval:g}): leases are "
+                          "renewed once an interval; give a longer lease or beat more often")
+    return float(args.lease)
 
 
 def _pool(config: WorkerConfig, caps: cgroups.MemoryCaps, zygote: Zygote,

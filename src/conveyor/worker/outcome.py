@@ -34,6 +34,7 @@ class Facts:
     interrupted: bool = False  # the worker killed it while shutting down
     last_words: str = ""  # the runner's last line of output: why it died unreported
     cancelled: bool = False  # its cancel (`Client.cancel`) reached it while it ran
+    fenced: bool = False  # interrupted as its lease could not be renewed (worker/fencing.py)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ def classify(facts: Facts) -> Outcome:
     report = facts.report or {}
     if facts.cancelled:  # whatever it did once told (stopped, killed, or even finished)
         return Outcome("cancelled", reason="cancelled while running")
+    if facts.interrupted and facts.fenced:
+        return Outcome("interrupted", reason="self-fenced: its lease could not be renewed "
+                                             "(the broker was unreachable)")
     if facts.interrupted:
         return Outcome("interrupted", reason="the worker stopped before the task finished")
     if facts.oom_killed:

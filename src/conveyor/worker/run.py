@@ -29,6 +29,7 @@ class Run:
     hard_at: float = math.inf
     hard_timed_out: bool = False
     interrupted: bool = False
+    fenced: bool = False  # stopped as its lease could not be renewed (worker/fencing.py)
     cancelled: bool = False  # its cancel reached it while it ran (Supervisor._stop_cancelled)
     runner: Runner | None = None
     limits: list[Spec] = field(default_factory=list)

@@ -38,6 +38,7 @@ from conveyor.worker.cancelling import Canceller
 from conveyor.worker.cgroups import MemoryCaps
 from conveyor.worker.clock import Clock
 from conveyor.worker.config import WorkerConfig
+from conveyor.worker.fencing import SelfFence
 from conveyor.worker.flow import Gate
 from conveyor.worker.followups import Publisher
 from conveyor.worker.frames import FrameTooLarge
@@ -117,6 +118,7 @@ class Supervisor(Intake):
                 cancels.close()
             raise
         self.clock = Clock(self._on_pool_change)  # after the pool, which may fail to start
+        self.fence = SelfFence(self.clock, self.pool, broker.lease_seconds)
         self.cancels = Canceller(cancels, self.pool, self.clock, config.cancel_grace,
                                  lambda: list(self.running))
         broker.hold_connections_with(self.pool.hold)  # no redelivery while a runner lives
@@ -253,6 +255,13 @@ class Supervisor(Intake):
                 self._refuse_cancelled(run.delivery, run.message)
                 self._release(run)
                 continue
+            if self.fence.lapsing(self.pending[0], time.monotonic()):
+                run = self.pending.popleft()
+                log.warning("%s: not started: its lease could not be renewed and lapses now "
+                            "(the broker was unreachable); it is delivered again", run.log_label)
+                self._settle(run, Action("requeue", reason="its lease lapsed unstarted"), None)
+                self._release(run)
+                continue
             runner = self.pool.take()
             if runner is None:
                 return
@@ -285,6 +294,7 @@ class Supervisor(Intake):
             run.timers.append(self.clock.at(run.soft_at, lambda: self._soft_limit(run)))
         if run.hard_at < math.inf:
             run.timers.append(self.clock.at(run.hard_at, lambda: self._hard_limit(run)))
+        self.fence.watch(run)
         self.observers.started(run)
         self._tell("started", m, run.delivery.queue, pid=runner.pid)
         self._gauges()
@@ -324,7 +334,7 @@ class Supervisor(Intake):
         oom = self.pool.oom_killed(runner)
         return classify(Facts(runner.report, status, oom, run.hard_timed_out, run.interrupted,
                               last_words=runner.last_line.strip()[-500:],
-                              cancelled=run.cancelled))
+                              cancelled=run.cancelled, fenced=run.fenced))
 
     def _action(self, run: Run, outcome: Outcome, runner: Runner, report_only: bool) -> Action:
         if (runner.report or {}).get("outcome") == "unknown_task":
@@ -425,15 +435,20 @@ class Supervisor(Intake):
             log.warning("heartbeat skipped: %s", exc)
             return
         for delivery in list(self.spare):
+            since = time.monotonic()
             try:
                 self.broker.extend_lease(delivery)
             except LeaseLost:
                 self.spare.remove(delivery)  # someone else's now
             except BrokerConnectionError:
                 break
+            else:
+                self.fence.renewed(delivery, since)
         for run in [*self.running, *self.pending]:
+            since = time.monotonic()
             try:
                 self.broker.extend_lease(run.delivery)
+                self.fence.renewed(run.delivery, since)
             except LeaseLost as exc:
                 log.error("%s: %s", run.log_label, exc)
             except BrokerConnectionError as exc:  # settles will wait for it; leases may lapse
