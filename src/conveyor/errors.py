@@ -104,3 +104,9 @@ def one_line(exc: BaseException | None) -> str:
     if not text and exc.args:  # pika's connection errors wrap the cause and print nothing
         text = (str(exc.args[0]).strip() or repr(exc.args[0])).splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class NotConfirmed(BrokerError):
+    """A write reached the primary but not the replicas the URL's durable mode asks for
+    (`?wait_replicas=`) within `?wait_timeout_ms=`: should the primary fail now, it may be
+    lost. A publish raises it: publish again (a duplicate is possible, a loss is not)."""

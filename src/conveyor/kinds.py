@@ -75,7 +75,8 @@ def port(text: str) -> int:
 def url(text: str) -> str:
     """A URL of the form scheme://[user[:password]@]host[:port]/…, or "" (the default);
     several `host[:port]` separated by commas are libpq's failover list (pgfailover.py), or
-    the nodes of a RabbitMQ cluster (broker/rabbitmq/settings.py)."""
+    the nodes of a RabbitMQ cluster (broker/rabbitmq/settings.py), or the Sentinels of a
+    redis+sentinel:// URL (redis_clients.py)."""
     if not text:
         return text
     if "://" not in text:
@@ -92,8 +93,13 @@ def url(text: str) -> str:
 
 
 def _check_redis_db(text: str) -> None:
-    """redis://host/N: the path is a database number (redis-py would fail at connect)."""
+    """redis://host/N: the path is a database number (redis-py would fail at connect);
+    redis+sentinel://hosts/master/N: the number comes after the master's name."""
     db = urlsplit(text).path.strip("/")
+    if scheme(text) == "redis+sentinel":
+        master, _, db = db.partition("/")
+        if not master:
+            raise ValueError("names no master: redis+sentinel://s1:26379,s2:26380/mymaster/0")
     if scheme(text) in (*REDIS, "kombu+redis") and db and not db.isdigit():
         raise ValueError(f"its database {db!r} is not a number (redis://host:6379/0)")
 

@@ -10,6 +10,7 @@ find a path or hide a password.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ def scheme(url: str) -> str:
     return url.split("://", 1)[0].lower() if "://" in url else ""
 
 
-REDIS = ("redis", "rediss")
+REDIS = ("redis", "rediss", "redis+sentinel")
 POSTGRES = ("postgresql", "postgres")
 
 
@@ -156,8 +157,13 @@ def missing_sqlite_file(url: str) -> Path | None:
     return None if path.exists() else path
 
 
+_QUERY_PASSWORD = re.compile(r"(?<=[?&])((?:sentinel_)?password)=[^&#]*")
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced by ***, for logs and errors."""
+    """The URL with any password replaced by ***, for logs and errors: the one before the
+    host, and a query's ?password= or ?sentinel_password= (redis+sentinel://)."""
+    url = _QUERY_PASSWORD.sub(r"\1=***", url)
     if "@" not in url or "://" not in url:
         return url
     scheme, rest = url.split("://", 1)

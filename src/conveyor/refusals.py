@@ -26,6 +26,10 @@ def redis(exc: BaseException) -> str | None:
         InvalidResponse,
         ResponseError,
     )
+
+    from conveyor.redis_clients import UnknownMaster
+    if isinstance(exc, UnknownMaster):
+        return f"has no such master ({one_line(exc)})"
     if isinstance(exc, AuthenticationError | AuthorizationError):
         return (f"refused this client ({one_line(exc)}): fix the user, password or ACL in "
                 "the URL")

@@ -29,6 +29,7 @@ TRANSPORTS = {
     "sqlite": "conveyor.broker.sqlite:SQLiteBroker",
     "redis": "conveyor.broker.redis:RedisBroker",
     "rediss": "conveyor.broker.redis:RedisBroker",
+    "redis+sentinel": "conveyor.broker.redis:RedisBroker",
     "amqp": "conveyor.broker.rabbitmq:RabbitMQBroker",
     "amqps": "conveyor.broker.rabbitmq:RabbitMQBroker",
     "postgresql": "conveyor.broker.postgres:PostgresBroker",

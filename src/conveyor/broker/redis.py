@@ -50,7 +50,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, AuthorizationError, NoScriptError
 from redis.retry import Retry
 
-from conveyor import refusals
+from conveyor import redis_clients, refusals
 from conveyor.broker.base import (
     DEFAULT_LEASE_SECONDS,
     Broker,
@@ -66,7 +66,7 @@ from conveyor.broker.reconnect import (
     Recovery,
     retry_seconds,
 )
-from conveyor.errors import BrokerError, ConfigError, LeaseLost, Refused, one_line
+from conveyor.errors import BrokerError, ConfigError, LeaseLost, NotConfirmed, Refused, one_line
 from conveyor.locations import redact
 
 log = logging.getLogger("conveyor.broker.redis")
@@ -87,6 +87,9 @@ PRIORITY_LIMIT = 8191
 CLAIM_MAX = 1000
 #: Messages one admin script call touches, so a huge queue never blocks Redis for long.
 ADMIN_BATCH = 1000
+#: The scripts whose writes the durable mode WAITs for: a publish (raises if unconfirmed) and
+#: the settles (a lost one only runs the message again: warned).
+CONFIRMED = frozenset({"publish", "ack", "retry_later", "dead_letter"})
 SCRIPTS = ("publish", "claim", "ack", "retry_later", "dead_letter", "extend_lease", "release",
            "depth", "dead_letters", "requeue_dead", "purge_dead", "purge", "nudge", "peek")
 
@@ -121,6 +124,7 @@ class RedisBroker(Broker):
     def __init__(self, url: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         super().__init__(lease_seconds)
         self._url, self.prefix, limit = parse_url(url)
+        self._durable = redis_clients.durable(url)
         self._reconnect = Reconnect(f"Redis at {redact(self._url)}", log, self._retryable,
                                     limit, refusals.redis, stopping=self._stopping)
         self._recovery = Recovery(self._reconnect)  # a consumer's, across its steps
@@ -150,7 +154,7 @@ class RedisBroker(Broker):
 
     def _connect(self, name: str) -> redis.Redis:
         """One dedicated connection; redis-py's own retries are off so ours can log."""
-        return redis.Redis.from_url(
+        return redis_clients.connect(
             self._url, client_name=name, single_connection_client=True,
             retry=Retry(NoBackoff(), 0), socket_timeout=SOCKET_TIMEOUT,
             socket_connect_timeout=5.0, socket_keepalive=True)
@@ -216,9 +220,25 @@ class RedisBroker(Broker):
             script.sha = conn.read_response().decode()
             conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
             reply = conn.read_response()
+        if self._durable is not None and name in CONFIRMED:
+            conn.send_command(*self._durable.command())
+            self._confirmed(name, conn.read_response())
         if redo:
             self._reack(redo)
         return reply
+
+    def _confirmed(self, name: str, acked: Any, count: int = 1) -> None:
+        """Durable mode: raise NotConfirmed for a publish WAIT found short, warn for a
+        settle (if lost in a failover, its message only runs again)."""
+        assert self._durable is not None
+        what = f"{name} of {count} message(s)" if count > 1 else name
+        short = self._durable.shortfall(acked, what, redact(self._url))
+        if short is None:
+            return
+        if name == "publish":
+            raise NotConfirmed(f"{short}: publish again (a duplicate is possible, a loss is "
+                               "not), or check the replicas (INFO replication)")
+        log.warning("%s: the message may run again after a failover", short)
 
     def _run_many(self, name: str, calls: Sequence[tuple[list[str], list[Any]]]) -> None:
         """Script `name` once per (keys, args), pipelined: one round trip for all of them.
@@ -230,8 +250,13 @@ class RedisBroker(Broker):
         conn = self._client.connection
         if conn is None:
             raise BrokerError(f"{name} on a closed RedisBroker: open a new broker")
-        conn.send_packed_command(conn.pack_commands(
-            [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]))
+        durable = self._durable is not None and name in CONFIRMED
+        commands: list[tuple[Any, ...]] = [("EVALSHA", script.sha, len(keys), *keys, *args)
+                                           for keys, args in calls]
+        if durable:
+            assert self._durable is not None
+            commands.append(self._durable.command())   # one WAIT covers them all
+        conn.send_packed_command(conn.pack_commands(commands))
         refused, error = [], None
         for call in calls:
             try:
@@ -240,8 +265,11 @@ class RedisBroker(Broker):
                 refused.append(call)
             except redis.ResponseError as exc:
                 error = error or exc
+        acked = conn.read_response() if durable else None
         if error is not None:
             raise error
+        if durable and not refused:
+            self._confirmed(name, acked, len(calls))
         if refused:
             conn.send_command("SCRIPT", "LOAD", script.script)
             script.sha = conn.read_response().decode()
@@ -344,7 +372,7 @@ class RedisBroker(Broker):
         second finds nothing to remove)."""
         message_id, token = delivery.receipt
         conn = self._client.connection
-        if conn is None:
+        if conn is None or self._durable is not None:   # durable: the WAIT is the point
             self.ack(delivery)
             return
         try:

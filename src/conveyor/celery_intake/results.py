@@ -32,6 +32,7 @@ from tenacity import (
     wait_fixed,
 )
 
+from conveyor import redis_clients
 from conveyor.errors import ConfigError, ConveyorError
 from conveyor.events import ENDED_WELL, Event
 from conveyor.locations import REDIS, redact, scheme
@@ -99,7 +100,7 @@ class RedisResults:
         self.where = redact(url)
         self.expires = expires
         self.retry_seconds = retry_seconds
-        self._client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        self._client = redis_clients.connect(url, socket_timeout=10, socket_connect_timeout=5)
         self._retrying = Retrying(
             sleep=sleep, wait=wait_fixed(RETRY_PAUSE), stop=stop_after_delay(retry_seconds),
             retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),

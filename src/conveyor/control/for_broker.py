@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.control import servers
 from conveyor.control.channel import Channel, Poll
-from conveyor.locations import scheme
+from conveyor.locations import REDIS, scheme
 
 if TYPE_CHECKING:
     from conveyor.limits import Limiter
@@ -18,7 +18,7 @@ def for_broker(broker_url: str, open_records: Callable[[], Limiter]) -> Channel:
     after the broker's prefix or schema, so that brokers sharing a server do not hear each
     other's cancels."""
     kind = scheme(broker_url)
-    if kind in ("redis", "rediss"):
+    if kind in REDIS:
         from conveyor.broker.redis import parse_url
         url, prefix, _ = parse_url(broker_url)
         return servers.RedisChannel(url, f"{prefix}:control")

@@ -24,10 +24,12 @@ class RedisChannel(Channel):
 
     def _client(self) -> Any:
         import redis
+
+        from conveyor import redis_clients
         # no retries inside redis-py: a reconnect it made by itself would resubscribe
         # without the watch reading the records it may have missed
-        return redis.Redis.from_url(self._url, socket_connect_timeout=10,
-                                    retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
+        return redis_clients.connect(self._url, socket_connect_timeout=10,
+                                      retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
 
     def announce(self, message_id: str) -> None:
         if self._pub is None:

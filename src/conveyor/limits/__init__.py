@@ -17,6 +17,7 @@ from conveyor.locations import redact, scheme
 BACKENDS = {
     "redis": "conveyor.limits.redis:RedisLimiter",
     "rediss": "conveyor.limits.redis:RedisLimiter",
+    "redis+sentinel": "conveyor.limits.redis:RedisLimiter",
     "postgresql": "conveyor.limits.sql:PostgresLimiter",
     "postgres": "conveyor.limits.sql:PostgresLimiter",
     "sqlite": "conveyor.limits.sql:SQLiteLimiter",

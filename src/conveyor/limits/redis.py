@@ -22,9 +22,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import redis
-
-from conveyor import refusals
+from conveyor import redis_clients, refusals
 from conveyor.errors import ConfigError
 from conveyor.flow import Spec, encode
 from conveyor.limits.base import RATE_SLACK, Decision, Limiter, Override, Parcel, Usage
@@ -76,7 +74,7 @@ class RedisLimiter(Limiter):
     def __init__(self, url: str) -> None:
         plain, prefix = parse_url(url)
         self.prefix = f"{prefix}:{{limits}}"  # one hash slot: see the module docstring
-        self._redis: Any = redis.Redis.from_url(plain, socket_connect_timeout=10)
+        self._redis: Any = redis_clients.connect(plain, socket_connect_timeout=10)
         refusals.first_redis_contact(self._redis, f"the limits store: Redis at {redact(plain)}")
         text = resources.files("conveyor.limits").joinpath("lua/limits.lua").read_text()
         self._script = self._redis.register_script(text)

@@ -14,7 +14,7 @@ import time
 import redis
 from redis.exceptions import InvalidResponse
 
-from conveyor import refusals
+from conveyor import redis_clients, refusals
 from conveyor.broker.redis import parse_url
 from conveyor.errors import BrokerError
 from conveyor.locations import redact
@@ -29,7 +29,7 @@ class RedisResults(ResultStore):
     def __init__(self, url: str) -> None:
         address, self.prefix, _ = parse_url(url)
         self._url = url
-        self._client = redis.Redis.from_url(address, socket_connect_timeout=10)
+        self._client = redis_clients.connect(address, socket_connect_timeout=10)
 
     def _key(self, message_id: str) -> str:
         return f"{self.prefix}:r:{message_id}"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from conveyor.errors import ConfigError
-from conveyor.locations import redact, scheme
+from conveyor.locations import REDIS, redact, scheme
 from conveyor.results.base import ResultStore
 
 
 def from_url(url: str) -> ResultStore:
-    """The store for `url`: redis://…, sqlite:///… or postgresql://…"""
+    """The store for `url`: redis://…, redis+sentinel://…, sqlite:///… or postgresql://…"""
     kind = scheme(url)
-    if kind in ("redis", "rediss"):
+    if kind in REDIS:
         from conveyor.results.redis import RedisResults
         return RedisResults(url)
     if kind in ("sqlite", "postgresql", "postgres"):
