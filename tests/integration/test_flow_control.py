@@ -80,17 +80,32 @@ def run_all(url: str, queue: str, n: int, extra: dict[str, str],
     """Run `n` --burst workers until the queue is empty; their outputs. (Not on kombu+redis,
     which no test here runs: a burst worker there can take a message on its way from Redis
     to its consumer, exit, and its close puts the message back with no worker left.)
-    All of them are done `within` seconds (less than pytest's timeout, so a worker that
-    hangs fails the test with its output), and none is left running."""
-    procs = workers(url, queue, n, extra)
+
+    All of them must be done `within` seconds, less than pytest's timeout: one that is not
+    is sent SIGABRT, which has it print every thread's stack (PYTHONFAULTHANDLER), and the
+    test fails with what each said and what the queue holds. (CI once timed out here on
+    RabbitMQ with nothing to read, and left both workers running into the next test.)"""
+    procs = workers(url, queue, n, {**extra, "PYTHONFAULTHANDLER": "1"})
+    logs = [Logs(proc) for proc in procs]
     deadline = time.monotonic() + within
-    try:
-        return [finish(p, timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-    finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
-                proc.communicate()
+    hung = []
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            hung.append(proc.pid)
+            proc.send_signal(signal.SIGABRT)
+    for proc, log in zip(procs, logs, strict=True):
+        log.close(proc)
+    outputs = ["".join(log.lines) for log in logs]
+    if hung:
+        with from_url(url) as broker:
+            depth = broker.depth(queue)
+        raise AssertionError(
+            f"burst workers {hung} were not done within {within:g} s; queue {queue}: {depth}"
+            + "".join(f"\n--- worker {proc.pid} (exit {proc.returncode}):\n{out[-6000:]}"
+                      for proc, out in zip(procs, outputs, strict=True)))
+    return outputs
 
 
 def workers(url: str, queue: str, n: int, extra: dict[str, str], *flags: str,
@@ -155,11 +170,17 @@ def test_a_rate_of_10_a_second_spaces_100_tasks_over_10_seconds(
     assert len(ends) == 100, outputs[0][-3000:]
     # reservations are 0.1 s apart from the first start: 99 intervals, plus delivery jitter
     # (RabbitMQ's delays are rounded up to a quarter second); benchmarks/rate_span.py.
-    # kombu emulates delays by looking at delay levels now and then: late by up to max(1 s,
-    # a quarter of the delay), more when a level holds over 100 (broker/kombu/), so the
-    # rate holds there (never under 9.5 s) but 11 s is not its promise: 9.9-10.5 s measured
-    # at a load average of 4-12, 13.8 s once beside a parallel test run
-    upper = 11.0 if not url.startswith("kombu+") else 9.9 + max(1.0, 9.9 / 4) + 3.0
+    # The lower bound is the rate's promise; the upper one only says the run was not held
+    # up for long, and a loaded machine holds it up: the last start is late by what load
+    # adds to one delivery and one runner's start (11.5 s on RabbitMQ at a load of 8), so
+    # 3 s of slack. kombu emulates delays by looking at delay levels now and then (late by
+    # up to max(1 s, a quarter of the delay), broker/kombu/), and every delayed message is
+    # published and confirmed twice (into its level, then back). At a load of 10-13 (two
+    # parallel runs and a CPU burner beside it) few started in the first 4 s, none for the
+    # next 4-6 s, then the rest in a bunch (likely waiting in the queue behind deliveries
+    # still being admitted and re-published): 9.9-12 s most runs, 16.6, 18.2 and 20.5 s in
+    # 3 of 18. So twice the span there.
+    upper = 9.9 + 3.0 if not url.startswith("kombu+") else 2 * 9.9 + 3.0
     assert 9.5 <= ends[-1] - starts[0] <= upper, (starts[0], starts[-1], ends[-1])
 
 
@@ -177,8 +198,13 @@ class Logs:
         return any(" consuming " in line for line in list(self.lines))
 
     def close(self, proc: subprocess.Popen[str]) -> None:
-        """Wait for the stopped worker and close its output."""
-        proc.wait(30)
+        """Wait for the stopped worker (killed if it has not ended in 30 s) and close its
+        output."""
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
         self.thread.join(10)
         assert proc.stdout is not None
         proc.stdout.close()
