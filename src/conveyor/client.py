@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from conveyor import tracing
-from conveyor.config import Settings
+from conveyor.config import Settings, read
 from conveyor.control import CANCEL_TTL, CancelResult
 from conveyor.errors import ConfigError
 from conveyor.flow import UNIQUE_HEADER, UNIQUE_HOLD
@@ -201,7 +200,7 @@ class Client:
         finally:
             store.close()
         if found[1]:
-            queue = os.environ.get("CONVEYOR_SCHEDULER_CONTROL_QUEUE") or CONTROL_QUEUE
+            queue = read("CONVEYOR_SCHEDULER_CONTROL_QUEUE") or CONTROL_QUEUE
             self.broker.publish(queue, b'{"run_id": ""}')
         return found
 

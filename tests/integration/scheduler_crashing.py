@@ -6,7 +6,11 @@ publish includes one of those task ids (e.g. the task a branch just chose). With
 CONVEYOR_TEST_DIE_EXPANDING=1 it dies instead in the middle of expanding a mapped task: its
 instances inserted, the transaction not yet committed. With CONVEYOR_TEST_DIE_HOLDING=1 it
 dies when it looks again at a task it held for want of a worker of its run's code version
-(the hold committed, the task claimed by it and unpublished: scheduler/pinning.py)."""
+(the hold committed, the task claimed by it and unpublished: scheduler/pinning.py). With
+CONVEYOR_TEST_DIE_ASSETS=before_run it dies when a DAG's queued asset events are about to
+start its run (the events committed, no run); with =before_consume, once that run is
+inserted and before its events are consumed (the same transaction, not committed:
+scheduler/asset_runs.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,10 @@ _init = engine.Engine.__init__
 def _dies_before_publishing(self: engine.Engine, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
     if os.environ.get("CONVEYOR_TEST_DIE_EXPANDING") or os.environ.get("CONVEYOR_TEST_DIE_HOLDING"):
+        return
+    at_assets = os.environ.get("CONVEYOR_TEST_DIE_ASSETS", "")
+    if at_assets:
+        setattr(self.asset_runs, at_assets, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
         return
 
     chosen = {t for t in os.environ.get("CONVEYOR_TEST_DIE_PUBLISHING", "").split(",") if t}

@@ -214,9 +214,10 @@ def test_every_store_url_is_resolved_in_one_place_from_the_broker_url(
 #: Options that say what to do this once (which run, which message, print JSON), not how a
 #: deployment runs: no variable and no file key, so not in the table.
 THIS_ONCE = {"--all", "--args", "--burst", "--command", "--conf", "--count", "--dag", "--delay",
-             "--executor", "--expires", "--fresh", "--from", "--id", "--index", "--json",
-             "--kwargs",
-             "--limit", "--logical-date", "--max", "--memory-limit", "--only", "--per-second",
+             "--dedupe-key", "--executor", "--expires", "--extra", "--fresh", "--from", "--id",
+             "--index", "--json", "--kwargs",
+             "--limit", "--logical-date", "--max", "--memory-limit", "--only", "--payload",
+             "--per-second",
              "--pin-code", "--priority", "--queue", "--raw", "--reason", "--retries",
              "--retry-delay", "--source",
              "--run-state", "--runs", "--time-limit", "--timeout", "--to", "--unique-for",

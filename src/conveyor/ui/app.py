@@ -44,6 +44,7 @@ PAGES = (
     "conveyor.ui.pages.tasks",
     "conveyor.ui.pages.cancel",
     "conveyor.ui.pages.dags",
+    "conveyor.ui.pages.assets",
     "conveyor.ui.pages.deadletters",
     "conveyor.ui.pages.queues",
     "conveyor.ui.pages.limits",

@@ -87,6 +87,22 @@ class Response:
 Handler = Callable[..., Response]
 
 
+def json_object(raw: Any, name: str) -> dict[str, Any]:
+    """A body's field that holds a JSON object: given as one, as its text (an HTML form's
+    field), or absent ({})."""
+    if raw in (None, ""):
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise HttpError(400, f"{name} {raw!r} is not JSON: give an object, e.g. "
+                            '{"day": "2026-11-23"}') from None
+    if not isinstance(raw, dict):
+        raise HttpError(400, f"{name} must be a JSON object")
+    return raw
+
+
 @dataclass
 class Route:
     method: str

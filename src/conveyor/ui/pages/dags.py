@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +11,7 @@ from conveyor.scheduler import operations
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.runs import trigger
 from conveyor.ui.html import action_form, badge, e, seg, table, url
-from conveyor.ui.http import HttpError, Request, Response
+from conveyor.ui.http import HttpError, Request, Response, json_object
 
 if TYPE_CHECKING:
     from conveyor.ui.app import Dashboard
@@ -101,7 +100,7 @@ def trigger_run(ui: Dashboard, request: Request, dag_id: str) -> Response:
     """Create a run of a DAG now; body: {"conf": {...}} (optional; a JSON object or its
     text)."""
     dag = _dag(ui, dag_id)
-    conf = _conf(request.form().get("conf"))
+    conf = json_object(request.form().get("conf"), "conf")
     with ui.store() as store:
         run_id = trigger(store, dag, time.time(), executors=ui.config.scheduler.executors,
                          conf=conf, run_type="manual")
@@ -109,17 +108,3 @@ def trigger_run(ui: Dashboard, request: Request, dag_id: str) -> Response:
     return Response.json({"run_id": run_id, "dag_id": dag_id, "state": "queued",
                           "message": f"run {run_id} of {dag_id} queued",
                           "location": f"/runs/{seg(run_id)}"})
-
-
-def _conf(raw: Any) -> dict[str, Any]:
-    if raw in (None, ""):
-        return {}
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raise HttpError(400, f"conf {raw!r} is not JSON: give an object, e.g. "
-                            '{"day": "2026-11-23"}') from None
-    if not isinstance(raw, dict):
-        raise HttpError(400, "conf must be a JSON object")
-    return raw
