@@ -139,6 +139,14 @@ def names(text: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in text.split(",") if a.strip())
 
 
+def celery_canvas(text: str) -> str:
+    """How the Celery intake runs chains and chords: auto, runs or follow."""
+    value = text.strip().lower()
+    if value not in ("auto", "runs", "follow"):
+        raise ValueError("must be auto, runs or follow")
+    return value
+
+
 def log_level(text: str) -> str:
     """A logging level name, any case."""
     if text.upper() not in LOG_LEVELS:

@@ -256,6 +256,10 @@ FLAGS = (
     flagged("CONVEYOR_CELERY_RESULT_BACKEND", "Celery's Redis result backend: results are written "
             "there in Celery's format (default: Conveyor events only)", "", kinds.url,
             flags=("--celery-result-backend",)),
+    flagged("CONVEYOR_CELERY_CANVAS", "how Celery chains and chords run: runs (scheduler runs, "
+            "in `runs list` and the dashboard; needs a scheduler on the state store), follow "
+            "(this worker follows them, no scheduler), auto (runs when --state is given)",
+            "auto", kinds.celery_canvas, flags=("--celery-canvas",)),
     flagged("CONVEYOR_SCHEDULER_BURST", "exit when no run is queued or running", False, bool,
             flags=("--burst",)),
     flagged("CONVEYOR_LOCAL_SLOTS", "tasks the local executor runs at once", 4, kinds.positive_int,

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 import time
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,12 +44,16 @@ from conveyor.celery_intake.canvas_embed import (
 from conveyor.celery_intake.conversion import Accepted, Rejected, convert
 from conveyor.celery_intake.names import intake_queue
 from conveyor.celery_intake.results import RedisResults
+from conveyor.celery_intake.run_results import prefix
 from conveyor.client import Client
 from conveyor.config import Settings
 from conveyor.events import Event
 from conveyor.message import Codec, Message
+from conveyor.state.store import from_url as state_store
 from tests.conftest import REDIS_URL, delete_redis_prefix
 from tests.integration.test_celery_intake import Setup, setup  # noqa: F401 - the fixture
+from tests.integration.workerkit import ROOT, worker_env
+from tests.support import stop
 
 pytestmark = pytest.mark.slow
 
@@ -237,3 +246,112 @@ def drain(broker_url: str, queue: str) -> list[Message]:
             broker.ack(delivery)
             published.append(Codec().decode(delivery.body))
     return published
+
+
+# -- as scheduler runs ------------------------------------------------------------------------
+
+@dataclass
+class Runs:
+    """A scheduler beside the Celery setup's workers: its state store and environment."""
+
+    state_url: str
+    env: dict[str, str]
+    scheduler: subprocess.Popen[bytes] | None = None
+
+    def rows(self, query: str, **params: Any) -> list[Any]:
+        store = state_store(self.state_url)
+        try:
+            return list(store.rows(query, **params))
+        finally:
+            store.close()
+
+
+@pytest.fixture
+def runs(setup: Setup, tmp_path: Path, unique: str) -> Iterator[Runs]:  # noqa: F811
+    """A state store (SQLite), a scheduler on it; the intake's keys deleted at the end."""
+    (tmp_path / "dags").mkdir()
+    state_url = f"sqlite:///{tmp_path}/state.db"
+    env = {"CONVEYOR_STATE_URL": state_url, "CONVEYOR_EVENTS_QUEUE": f"events-{unique}",
+           "CONVEYOR_SCHEDULER_CONTROL_QUEUE": f"control-{unique}",
+           "CONVEYOR_DAGS_FOLDER": str(tmp_path / "dags"),
+           "CONVEYOR_QUEUE_SAMPLE_INTERVAL": "0"}
+    made = Runs(state_url, env)
+    log = (tmp_path / "scheduler.log").open("wb")
+    made.scheduler = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.cli", "scheduler"], cwd=ROOT,
+        env=worker_env(setup.conveyor_url, **env), stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    yield made
+    stop(made.scheduler)
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=prefix(state_url) + "*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def every_id(result: Any) -> list[str]:
+    """A result's id, its parents' and its group's members' (what the test cleans up)."""
+    found: list[str] = []
+    while result is not None:
+        found.append(result.id)
+        found += [r.id for r in getattr(result, "results", None) or []]
+        result = result.parent
+    return found
+
+
+def test_celery_canvases_run_as_scheduler_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)   # Celery's, as above
+        check_canvas_runs(setup, runs)
+        gc.collect()
+
+
+def check_canvas_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
+    app = setup.app
+    add, tsum, fail = app.tasks["t.add"], app.tasks["t.tsum"], app.tasks["t.fail"]
+    setup.worker(**runs.env)
+    sent = {
+        "chain": chain(add.s(1, 2), add.s(10), add.s(100)).apply_async(),
+        "immutable": chain(add.s(1, 2), add.si(5, 5)).apply_async(),
+        "chord": chord([add.s(i, i) for i in range(5)], tsum.s()).apply_async(),
+        # Celery makes chain(a, group, b) a chain(a, chord(group, b)): one message
+        "group in chain": chain(add.s(1, 1), group(add.s(1), add.s(2)), tsum.s()).apply_async(),
+        "group ends chain": chain(add.s(1, 1), group(add.s(1), add.s(2))).apply_async(),
+        "chain in chord": chord([chain(add.s(1, 1), add.s(5)), add.s(2, 2)],
+                                tsum.s()).apply_async(),
+        "chain after group": chain(group(add.s(1, 1), add.s(2, 2)), tsum.s(),
+                                   add.s(3)).apply_async(),
+        "failing": chain(add.s(1, 1), fail.si("kaput"), add.s(1)).apply_async(),
+        "chord failing": chord([add.s(1, 1), fail.si("broken")], tsum.s()).apply_async(),
+    }
+    linked = chain(add.s(1, 1), add.s(2).on_error(tsum.s())).apply_async()
+    try:
+        assert setup.get(sent["chain"], 60) == 113, setup.output()
+        assert setup.get(sent["immutable"], 60) == 10
+        assert setup.get(sent["chord"], 60) == 20
+        assert setup.get(sent["group in chain"], 60) == 7          # (2+1) + (2+2)
+        assert sent["group ends chain"].get(timeout=60) == [3, 4]  # a GroupResult
+        assert setup.get(sent["chain in chord"], 60) == 11         # (1+1+5) + (2+2)
+        assert setup.get(sent["chain after group"], 60) == 9       # (2 + 4) + 3
+        assert sent["chain"].parent.get(timeout=10) == 13          # each step's result
+        with pytest.raises(ValueError, match="kaput"):
+            setup.get(sent["failing"], 60)
+        assert sent["failing"].state == "PENDING"          # the step after it never ran
+        with pytest.raises((ValueError, ChordError), match="broken"):
+            setup.get(sent["chord failing"], 60)
+        with pytest.raises(ChordError, match=r"Dependency .* raised ValueError\('broken'\)"):
+            app.AsyncResult(sent["chord failing"].id).get(timeout=60)
+        with pytest.raises(ContentDisallowed, match="link_error callbacks"):
+            setup.get(linked, 30)
+    finally:
+        for result in [*sent.values(), linked]:
+            setup.task_ids += every_id(result)
+    made = runs.rows("recent_runs", dag_id="", state="", limit=50)
+    assert len(made) == len(sent), made                    # one run per canvas, no more
+    assert {r["run_type"] for r in made} == {"canvas"}
+    assert sorted(r["state"] for r in made) == ["failed"] * 2 + ["success"] * 7
+    assert {r["dag_id"] for r in made} == {"canvas.add", "canvas.tsum"}
+    assert "Traceback" not in setup.output(), setup.output()

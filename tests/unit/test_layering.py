@@ -61,6 +61,15 @@ ALLOWED = {
     ("conveyor.worker.cli", "conveyor.celery_intake"):
         "`conveyor worker --celery-queues` runs the Celery intake beside the worker, imported "
         "only when asked for",
+    ("conveyor.celery_intake.canvas_runs", "conveyor.scheduler.canvas"):
+        "a Celery chain or chord becomes the same scheduler run as the Python canvas: built "
+        "by its builder",
+    ("conveyor.celery_intake.canvas_runs", "conveyor.scheduler.runs"):
+        "... and created as every run is (unique per DAG and logical date)",
+    ("conveyor.celery_intake.run_results", "conveyor.scheduler.canvas"):
+        "a canvas run's failure read back as `handle.result()` reads it",
+    ("conveyor.celery_intake.intake", "conveyor.scheduler.config"):
+        "canvas runs go to the scheduler's state store and control queue, from its settings",
 }
 #: The broker roles (broker/roles.py) each part may name; `Broker` itself only the layers
 #: that open brokers (from_url) or implement them.

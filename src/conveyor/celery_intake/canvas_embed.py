@@ -23,11 +23,7 @@ def canvas_headers(embed: Mapping[str, Any], headers: Mapping[str, Any],
     """The Conveyor headers that carry what follows this message (empty: nothing does);
     `follows`: outcomes come back to the intake (a result backend is configured).
     Raises CanvasRefused for what the intake does not run."""
-    links = sorted(k for k in ("callbacks", "errbacks") if embed.get(k))
-    if links:
-        raise CanvasRefused(f"uses Celery link/link_error callbacks ({', '.join(links)}), "
-                            "which the intake does not run: chain the tasks instead "
-                            "(a.s() | b.s())")
+    refuse_links(embed)
     chain, chord = embed.get("chain") or [], embed.get("chord")
     if not chain and not chord:
         return {}
@@ -52,6 +48,17 @@ def canvas_headers(embed: Mapping[str, Any], headers: Mapping[str, Any],
                                 "(Celery 5 sends both): upgrade the producer's Celery")
         out |= {CHORD: json.dumps(chord), GROUP: group, GROUP_INDEX: str(index)}
     return out
+
+
+def refuse_links(embed: Mapping[str, Any]) -> None:
+    """CanvasRefused if the message has link/link_error callbacks: Celery calls an errback
+    with the failed request and a callback with the result, outside any chain; neither a
+    run nor a followed chain has such a hook, and dropping one silently would lose work."""
+    links = sorted(k for k in ("callbacks", "errbacks") if embed.get(k))
+    if links:
+        raise CanvasRefused(f"uses Celery link/link_error callbacks ({', '.join(links)}), "
+                            "which the intake does not run: chain the tasks instead "
+                            "(a.s() | b.s())")
 
 
 def _check_signature(sig: Any, what: str) -> None:

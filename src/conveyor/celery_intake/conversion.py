@@ -8,9 +8,10 @@ its serializer. `eta` (and `countdown`, which Celery turns into `eta`) becomes a
 Conveyor's broker; `expires` becomes the message's own `expires`, so a worker that comes
 to it too late (or at once, when it was already past) dead-letters it unrun with reason
 `expired` (REVOKED in Celery's result backend, as Celery's own worker says).
-Chains and chords are carried in headers for the outcome loop to follow (`canvas.py`);
-what of the canvas the intake cannot run (link callbacks, nested canvases) is rejected:
-silently dropping a callback would lose work.
+Chains and chords either start a scheduler run (`canvas_runs`: `StartsRun`) or are carried
+in headers for the outcome loop to follow (`canvas.py`); what of the canvas the intake
+cannot run (link callbacks; nested canvases when followed) is rejected: silently dropping
+a callback would lose work.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.celery_intake.canvas_embed import CanvasRefused, canvas_headers
+from conveyor.celery_intake.canvas_embed import CanvasRefused, canvas_headers, refuse_links
+from conveyor.celery_intake.canvas_plan import starts_a_run
 from conveyor.message import Message
 from conveyor.tasks import Task
 from conveyor.tracing import TRACEPARENT, TRACESTATE
@@ -67,6 +69,11 @@ class Accepted:
 
 
 @dataclass(frozen=True)
+class StartsRun:
+    """A canvas (chain, chord member) to start as a scheduler run (canvas_runs.py)."""
+
+
+@dataclass(frozen=True)
 class Rejected:
     """Why the message cannot run; `state` is what Celery's result backend is told."""
 
@@ -81,8 +88,10 @@ class _Reject(Exception):
 
 
 def convert(raw: CeleryMessage, queue: str, lookup: Callable[[str], Task[Any, Any] | None],
-            now: float, reply_to: str = "") -> Accepted | Rejected:
-    """The Conveyor message for `raw` on Conveyor queue `queue`, or why there is none.
+            now: float, reply_to: str = "", canvas_runs: bool = False
+            ) -> Accepted | Rejected | StartsRun:
+    """The Conveyor message for `raw` on Conveyor queue `queue`, or why there is none, or
+    (`canvas_runs`) that it starts a canvas run.
 
     `lookup` finds the registered task (its options fill what Celery did not say); `now`
     is the wall clock, passed in so expiry is testable; `reply_to`, if given, is where the
@@ -91,7 +100,12 @@ def convert(raw: CeleryMessage, queue: str, lookup: Callable[[str], Task[Any, An
     """
     try:
         _check_content(raw)
-        args, kwargs, embed = _arguments(raw)
+        args, kwargs, embed = arguments(raw)
+        if canvas_runs:
+            refuse_links(embed)
+            if starts_a_run(raw.task_name, raw.task_id, raw.queue, raw.headers, args, kwargs,
+                            embed):
+                return StartsRun()
         canvas = canvas_headers(embed, raw.headers, follows=bool(reply_to))
         delay = _delay(raw.headers, now)
     except _Reject as exc:
@@ -116,7 +130,7 @@ def _check_content(raw: CeleryMessage) -> None:
                       "set task_protocol=2, Celery's default since 4.0")
 
 
-def _arguments(raw: CeleryMessage) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+def arguments(raw: CeleryMessage) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     try:
         body = json.loads(raw.body.decode(raw.content_encoding or "utf-8"))
     except (UnicodeDecodeError, LookupError, json.JSONDecodeError) as exc:

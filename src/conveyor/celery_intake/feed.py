@@ -31,8 +31,14 @@ from kombu.transport.redis import QoS as RedisQoS
 from kombu.transport.virtual.base import QoS as VirtualQoS
 
 from conveyor.broker import Publication
-from conveyor.celery_intake.conversion import Accepted, CeleryMessage, Rejected, convert
-from conveyor.celery_intake.names import intake_queue, rejects_queue
+from conveyor.celery_intake.conversion import (
+    Accepted,
+    CeleryMessage,
+    Rejected,
+    StartsRun,
+    convert,
+)
+from conveyor.celery_intake.names import CANVAS_QUEUE, intake_queue, rejects_queue
 from conveyor.client import Client
 from conveyor.errors import ConfigError, MessageError
 from conveyor.locations import redact
@@ -77,8 +83,10 @@ class Feed(ConsumerMixin):
 
     def __init__(self, connection: kombu.Connection, celery_queues: tuple[str, ...],
                  client: Client, lookup: Callable[[str], Task[Any, Any] | None],
-                 reply_to: str = "", prefetch: int = 64) -> None:
+                 reply_to: str = "", prefetch: int = 64, canvas_runs: bool = False) -> None:
+        """`canvas_runs`: chains and chords start scheduler runs (canvas_runs.py)."""
         self.connection = connection
+        self.canvas_runs = canvas_runs
         self.celery_queues = celery_queues
         self.client = client
         self.lookup = lookup
@@ -166,17 +174,22 @@ class Feed(ConsumerMixin):
 
     def _publication(self, celery_queue: str, message: KombuMessage) -> Publication:
         return publication(_raw(celery_queue, message), self.client, self.lookup,
-                           self.reply_to)
+                           self.reply_to, self.canvas_runs)
 
 
 def publication(raw: CeleryMessage, client: Client,
-                lookup: Callable[[str], Task[Any, Any] | None], reply_to: str) -> Publication:
-    """What to publish for one Celery message: the task, or its rejection record."""
-    outcome: Accepted | Rejected
+                lookup: Callable[[str], Task[Any, Any] | None], reply_to: str,
+                canvas_runs: bool = False) -> Publication:
+    """What to publish for one Celery message: the task, the canvas whose run it starts
+    (`canvas_runs`), or its rejection record."""
+    outcome: Accepted | Rejected | StartsRun
     try:
-        outcome = convert(raw, intake_queue(raw.queue), lookup, time.time(), reply_to)
+        outcome = convert(raw, intake_queue(raw.queue), lookup, time.time(), reply_to,
+                          canvas_runs)
         if isinstance(outcome, Accepted):
             return client.publication(outcome.message, outcome.delay)
+        if isinstance(outcome, StartsRun):
+            return Publication(CANVAS_QUEUE, record(raw, "starts a canvas run", ""))
     except (MessageError, ValueError, TypeError, KeyError, AttributeError) as exc:
         outcome = Rejected(f"cannot be converted ({type(exc).__name__}: {exc})")
     log.warning("Celery message %s (%s) from queue %r is rejected: %s", raw.task_id,

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 PREFIX = "celery."
 REJECTED = ".rejected"
+#: Where the feed puts the messages that start a canvas run (canvas_runs.py), for the
+#: outcome loop to create the run from.
+CANVAS_QUEUE = "conveyor.celery-canvas"
 
 
 def intake_queue(celery_queue: str) -> str:

@@ -87,12 +87,13 @@ class RedisFeed:
 
     def __init__(self, connection: kombu.Connection, celery_queues: tuple[str, ...],
                  client: Client, lookup: Callable[[str], Task[Any, Any] | None],
-                 reply_to: str = "", prefetch: int = 64) -> None:
+                 reply_to: str = "", prefetch: int = 64, canvas_runs: bool = False) -> None:
         self.connection = connection
         self.celery_queues = celery_queues
         self.client = client
         self.lookup = lookup
         self.reply_to = reply_to
+        self.canvas_runs = canvas_runs   # chains and chords start scheduler runs
         self.prefetch = prefetch
         self.fed = 0
         self.should_stop = False
@@ -144,7 +145,8 @@ class RedisFeed:
         batch = [(int(reply[i]), reply[i + 1].decode(), reply[i + 2])
                  for i in range(0, len(reply), 3)]
         self.client.broker.publish_many([
-            publication(self._raw(where, item), self.client, self.lookup, self.reply_to)
+            publication(self._raw(where, item), self.client, self.lookup, self.reply_to,
+                        self.canvas_runs)
             for where, _tag, item in batch])
         with self._redis.pipeline(transaction=False) as pipe:
             for _where, tag, _item in batch:

@@ -39,6 +39,13 @@ _NOT_ID = re.compile(r"[^A-Za-z0-9_.-]+")
 
 def build(canvas: Canvas, name: str = "") -> tuple[DAG, Shape]:
     """The DAG that runs `canvas`, and where its value will be."""
+    dag, shape, _ = plan(canvas, name)
+    return dag, shape
+
+
+def plan(canvas: Canvas, name: str = "") -> tuple[DAG, Shape, list[tuple[str, Signature]]]:
+    """`build`, and which task of the DAG runs each signature (the very objects of the
+    canvas, in the order they were added): the Celery intake keeps each task's Celery id."""
     dag = DAG(DAG_PREFIX + _slug(name or _default_name(canvas)),
               description="an ad-hoc run of a canvas (chain, group, chord)")
     dag.version = RUN_TYPE
@@ -46,7 +53,7 @@ def build(canvas: Canvas, name: str = "") -> tuple[DAG, Shape]:
     shape = builder.add(canvas, None)
     if not dag.tasks:
         raise TypeError("this canvas has no task to run (an empty group?)")
-    return dag, shape
+    return dag, shape, builder.made
 
 
 class _Builder:
@@ -55,6 +62,7 @@ class _Builder:
     def __init__(self, dag: DAG) -> None:
         self.dag = dag
         self.nodes: dict[str, TaskNode] = {}
+        self.made: list[tuple[str, Signature]] = []
 
     def add(self, step: Canvas, previous: Shape | None) -> Shape:
         if isinstance(step, Signature):
@@ -80,6 +88,7 @@ class _Builder:
                              args=[*first, *sig.args], kwargs=dict(sig.kwargs),
                              upstream=sorted(set(task_ids(previous))), **sig.options)
         self.nodes[node.id] = node
+        self.made.append((node.id, sig))
         return node.id
 
     def _value(self, shape: Shape) -> Any:

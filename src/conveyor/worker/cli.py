@@ -83,6 +83,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     env_flag(p, env="CONVEYOR_CELERY_QUEUES")
     env_flag(p, env="CONVEYOR_CELERY_BROKER")
     env_flag(p, env="CONVEYOR_CELERY_RESULT_BACKEND")
+    env_flag(p, env="CONVEYOR_CELERY_CANVAS")
     p.set_defaults(run=run_worker)
 
 
@@ -268,5 +269,5 @@ def _celery_intake(args: argparse.Namespace, settings: Settings) -> Any:
         return None
     from conveyor.celery_intake.intake import Intake, IntakeConfig
     config = IntakeConfig(args.celery_queues, args.celery_broker, settings.broker_url,
-                          args.celery_result_backend)
+                          args.celery_result_backend, canvas=args.celery_canvas)
     return Intake(config, settings.codec(), settings=settings)
