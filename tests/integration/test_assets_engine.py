@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.errors import ConfigError
+from conveyor.readers.dags import dag_row
 from conveyor.scheduler import DAG, Asset, Event
 from conveyor.scheduler import assets as conditions
 from conveyor.scheduler.engine import Engine
@@ -151,6 +152,8 @@ def test_conditions_and_their_errors() -> None:
     assert not cond.met({ORDERS.uri})
     assert not cond.events_only() and (Event("a") | Event("b")).events_only()
     assert stored.EVENT_PREFIX == conditions.EVENT_PREFIX
+    shown = dag_row(consumer("shown", [ORDERS, PAYMENTS]), None, None)["schedule"]
+    assert shown == "(s3://lake/orders & s3://lake/payments)"
     with pytest.raises(ConfigError, match="names events"):
         Asset("event:x")
     with pytest.raises(Exception, match="outlets takes Asset"):

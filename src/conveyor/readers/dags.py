@@ -22,7 +22,8 @@ def dag_rows(loaded: Loaded, store: Store) -> list[dict[str, Any]]:
 
 
 def dag_row(dag: DAG, known: Dag | None, last: Run | None) -> dict[str, Any]:
-    return {"dag_id": dag.dag_id, "schedule": dag.schedule or "", "tasks": len(dag.tasks),
+    schedule = dag.schedule or (str(dag.assets) if dag.assets is not None else "")
+    return {"dag_id": dag.dag_id, "schedule": schedule, "tasks": len(dag.tasks),
             "version": dag.version, "file": dag.file,
             "next_run": iso(known.next_tick) if known and known.next_tick else "",
             "last_run": last.run_id if last else "",

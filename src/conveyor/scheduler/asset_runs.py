@@ -60,7 +60,10 @@ class AssetRuns:
         self.runs_created = 0
 
     def tick(self, dags: Mapping[str, DAG], executors: Sequence[str], now: float) -> int:
-        """Create the runs whose conditions hold; how many."""
+        """Create the runs whose conditions hold; how many. No query at all while no DAG
+        loaded here is scheduled on assets (a cron-only scheduler's every tick)."""
+        if not any(dag.assets is not None for dag in dags.values()):
+            return 0
         made = 0
         for dag_id, events in self.assets.queued(BATCH).items():
             dag = dags.get(dag_id)
