@@ -73,3 +73,25 @@ def test_a_standby_answering_a_write_is_a_lost_session_and_a_bad_query_is_not() 
     assert is_connection_loss(psycopg.OperationalError("server closed the connection"))
     assert not is_connection_loss(psycopg.errors.UndefinedTable("no such table"))
     assert not is_connection_loss(ValueError("not a database error"))
+
+
+def test_a_step_cut_off_by_a_lost_session_is_run_again_and_a_stop_ends_that() -> None:
+    import threading
+
+    from conveyor.errors import StateStoreLost
+    from conveyor.state.store import through_losses
+    tries: list[int] = []
+
+    def step() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise StateStoreLost("session lost")
+        return "done"
+
+    assert through_losses("a step", step) == "done" and len(tries) == 3
+    stopping = threading.Event()
+    stopping.set()
+    tries.clear()
+    with pytest.raises(StateStoreLost):
+        through_losses("a step", step, stopping)
+    assert len(tries) == 1

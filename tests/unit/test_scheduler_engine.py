@@ -352,6 +352,28 @@ def test_a_heartbeat_racing_the_timeout_wins(store: Store, executor: RecordingEx
     assert states(store, run_id)["a"] == ("running", 1)
 
 
+def test_a_claim_of_its_own_seen_failing_is_published_at_its_deadline(
+        any_store: Store, executor: RecordingExecutor) -> None:
+    """The claim committed but the scheduler saw its session lost (a failover mid-commit),
+    so it never published: alive, it publishes its own claim once the claim's deadline
+    passes, instead of waiting on itself (it records every publish it makes at once)."""
+    store = any_store
+    dag = DAG("d")
+    dag.command("a", ["true"])
+    engine = make_engine(store, executor, dag)
+    run_id = create_run(store, dag, T0, executors=["queue"])
+    me = {"scheduler": engine.scheduler_id, "hostname": "h", "pid": 1, "lease": 60.0}
+    store.exec("renew_scheduler", now=T0, **me)                # alive throughout
+    with store.transaction():
+        store.exec("start_queued_runs", now=T0, limit=10)
+        Readiness(TaskInstances(store)).whole_run(run_id, T0, claim={
+            "scheduler": engine.scheduler_id, "lease": 5.0})
+    assert engine.tick(T0 + 1) == T0 + 5 and not executor.sent
+    engine.tick(T0 + 5)
+    assert executor.task_ids() == ["a"] and states(store, run_id)["a"] == ("queued", 1)
+    assert store.rows("run_tis", run_id=run_id)[0]["published_at"] == T0 + 5
+
+
 def test_a_dead_schedulers_claim_is_published_once_its_lease_lapses(
         any_store: Store, executor: RecordingExecutor) -> None:
     """Scheduler A claimed an attempt for publishing and died before publishing it: this

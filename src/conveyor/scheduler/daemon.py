@@ -33,7 +33,6 @@ from typing import TypeVar
 
 from conveyor import broker as brokers
 from conveyor.broker import Consumer, Delivery
-from conveyor.broker.reconnect import BACKOFF_CAP
 from conveyor.client import Client
 from conveyor.errors import LeaseLost, MessageError, StateStoreLost
 from conveyor.events import Event
@@ -198,21 +197,9 @@ class Daemon:
         return batch
 
     def _steady(self, what: str, step: Callable[[], T]) -> T:
-        """`step()`, run again after each loss of the state store's session in it (a
-        failover: the store reconnects, to the new primary, at the next use, or raises
-        StateStoreUnavailable when none answers within its retry_seconds). A step is
-        idempotent: what it committed before the loss changes nothing the second time."""
-        losses = 0
-        while True:
-            try:
-                return step()
-            except StateStoreLost as exc:
-                losses += 1
-                if self._stop.is_set():
-                    raise
-                log.warning("%s: %s; doing it again (loss %d)", what, exc, losses)
-                self._stop.wait(min(BACKOFF_CAP, 0.05 * 2 ** losses))   # a store that
-                # answers and drops us again at once is not retried in a tight loop
+        """`step()`, run again while the state store's session is lost in it (a failover;
+        stores.through_losses), until `stop()`."""
+        return stores.through_losses(what, step, self._stop)
 
     def _look(self) -> bool:
         """Reload the DAG files that changed, if a look is due; True if a DAG changed."""

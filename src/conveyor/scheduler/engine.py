@@ -42,7 +42,7 @@ from conveyor.scheduler.event_facts import FAILED, describe, output, what_is_kno
 from conveyor.scheduler.executors import Executor, Workload, event_for
 from conveyor.scheduler.mapping import MAX_MAP_LENGTH, Mapper
 from conveyor.scheduler.operations import record_dag
-from conveyor.scheduler.pinning import Pins, holding_tis
+from conveyor.scheduler.pinning import Held, Pins, holding_tis
 from conveyor.scheduler.readiness import Readiness
 from conveyor.scheduler.runs import create_run
 from conveyor.scheduler.timeouts import retry_delay, timeout_reason
@@ -50,7 +50,7 @@ from conveyor.scheduler.workloads import workload
 from conveyor.state.assets import Assets
 from conveyor.state.records import Due, TaskInstance, Transition
 from conveyor.state.runs import Dags, Runs
-from conveyor.state.store import Store
+from conveyor.state.store import Store, through_losses
 from conveyor.state.tasks import Attempts, TaskInstances
 
 log = logging.getLogger("conveyor.scheduler")
@@ -495,6 +495,10 @@ class Engine:
             log.warning("task instance %s attempt %d was claimed by scheduler %s, which died "
                         "before publishing it: publishing it now", ti.ti_id, ti.attempt,
                         ti.claimed_by or "?")
+        elif claimed and ti.waiting_for is None:
+            log.warning("task instance %s attempt %d: our claim of it committed though the "
+                        "store's session was lost (a failover); publishing it now",
+                        ti.ti_id, ti.attempt)
         elif not claimed:
             self.tis.wait_for_claimer(ti_id=ti.ti_id, attempt=ti.attempt, now=now)
         return claimed
@@ -535,18 +539,25 @@ class Engine:
                 self.handle(event_for(work.message, "failed", reason=str(exc), error={
                     "type": "ExecutorError", "message": str(exc)}), now)
         if published or held:
-            with self.store.transaction():
-                # runs first, as every transaction here does: updating these rows without
-                # their run's lock could deadlock with another scheduler's batch of events
-                # holding the lock and one of them (found by the two-scheduler test)
-                for run_id in sorted({ti.run_id for ti in [*published, *holding_tis(held)]}):
-                    self.runs.lock(run_id)
-                self.tis.mark_published(published, now=now, start_grace=self.start_grace)
-                self.pins.hold(held)
+            # Recorded even through a lost store session (a failover): the messages are out,
+            # and a claim of ours left unrecorded would be published again (_claim_unpublished)
+            through_losses(f"recording {len(published)} task instances published",
+                           lambda: self._record_published(published, held, now))
         if published:
             self._note(now + min(ti.queued_timeout for ti in published) + self.start_grace)
         if held:
             self._note(min(h.recheck_at for h in held))
+
+    def _record_published(self, published: list[TaskInstance], held: list[Held],
+                          now: float) -> None:
+        with self.store.transaction():
+            # runs first, as every transaction here does: updating these rows without their
+            # run's lock could deadlock with another scheduler's batch of events holding the
+            # lock and one of them (found by the two-scheduler test)
+            for run_id in sorted({ti.run_id for ti in [*published, *holding_tis(held)]}):
+                self.runs.lock(run_id)
+            self.tis.mark_published(published, now=now, start_grace=self.start_grace)
+            self.pins.hold(held)
 
     def _submit(self, name: str, works: list[Workload]
                 ) -> dict[int, tuple[Workload, ExecutorError]]:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from conveyor import refusals, sqlfiles
@@ -31,6 +32,7 @@ from conveyor.locations import embedded_state_url, path_from_url, redact, scheme
 from conveyor.pgfailover import is_connection_loss, url_names_several_hosts
 
 Row = dict[str, Any]
+T = TypeVar("T")
 _log = logging.getLogger("conveyor.state")
 
 
@@ -333,6 +335,26 @@ def _split_schema(url: str) -> tuple[str, str, float]:
 
 def _quoted(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
+
+
+def through_losses(what: str, step: Callable[[], T],
+                   stop: threading.Event | None = None) -> T:
+    """`step()`, run again after each loss of the Postgres store's session in it (a failover:
+    the store opens a session on the new primary at the next use, or raises
+    StateStoreUnavailable when none answers within its retry_seconds). For steps that are
+    idempotent: what they committed before the loss changes nothing the second time. A store
+    that answers and drops the session again at once is not retried in a tight loop."""
+    from conveyor.broker.reconnect import BACKOFF_CAP
+    losses = 0
+    while True:
+        try:
+            return step()
+        except StateStoreLost as exc:
+            losses += 1
+            if stop is not None and stop.is_set():
+                raise
+            _log.warning("%s: %s; doing it again (loss %d)", what, exc, losses)
+            (stop or threading.Event()).wait(min(BACKOFF_CAP, 0.05 * 2 ** losses))
 
 
 class Repository:

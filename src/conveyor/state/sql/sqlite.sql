@@ -276,15 +276,17 @@ RETURNING *;
 -- name: claim_unpublished
 -- A queued attempt whose publish was never recorded, once its claimer's lease lapsed (that
 -- scheduler died between its claim and its publish): ours to publish now. Never while the
--- claimer lives: it publishes what it claimed itself. One it held (`waiting_for`: no live
--- worker of its pinned code version) its claimer claims again to try once more.
+-- claimer lives: it publishes what it claimed itself. Its claimer claims it again: one it
+-- held (`waiting_for`: no live worker of its pinned code version), to try once more; one
+-- whose claim it saw fail though it committed (its store session lost mid-commit: a
+-- failover), since a scheduler records every publish it makes before its next tick.
 UPDATE conveyor_task_instances SET claimed_by = :scheduler, deadline = :now + :lease
  WHERE ti_id = :ti_id AND attempt = :attempt AND state = 'queued' AND published_at IS NULL
    AND deadline <= :now
    AND (NOT EXISTS (SELECT 1 FROM conveyor_schedulers s
                      WHERE s.scheduler_id = conveyor_task_instances.claimed_by
                        AND s.lease_until > :now)
-        OR (waiting_for IS NOT NULL AND claimed_by = :scheduler))
+        OR claimed_by = :scheduler)
 RETURNING *;
 
 -- name: ti_reissue
