@@ -10,7 +10,8 @@ its link. A host's processes run under `ip netns exec`; files (a task's ledger) 
 
 * `cut()`: nftables in the host's namespace drops every packet in and out but loopback: a
   silent partition (connections stay open, nothing arrives), as a pulled cable or a switch
-  failure looks to TCP. `heal()` removes the rule; open connections carry on.
+  failure looks to TCP; `cut(port)` drops only its connections to that port (one service
+  cut off, the others reachable). `heal()` removes the rule; open connections carry on.
 * `slow()`: `netem delay 100ms loss 5%` on both ends of the link (200 ms more a round trip)
   where the kernel has netem. This machine's kernel does not (CONFIG_NET_SCH_NETEM unset):
   then nftables drops 5% of packets at random both ways (TCP retransmits them, as on a lossy
@@ -100,8 +101,17 @@ class Host:
         """`argv` to run inside this host (`ip netns exec` execs it: same pid)."""
         return ["ip", "netns", "exec", self.namespace, *argv]
 
-    def cut(self) -> None:
-        nft(self.namespace, _drop_rules("cvcut", "drop"))
+    def cut(self, port: int = 0) -> None:
+        """Drop everything to and from this host; with `port`, only its TCP connections to
+        that port of any server (one service cut off, the others reachable)."""
+        if not port:
+            nft(self.namespace, _drop_rules("cvcut", "drop"))
+            return
+        nft(self.namespace, f"table inet cvcut {{\n"
+                            f"  chain input {{ type filter hook input priority 0; "
+                            f"tcp sport {port} drop; }}\n"
+                            f"  chain output {{ type filter hook output priority 0; "
+                            f"tcp dport {port} drop; }}\n}}\n")
 
     def heal(self) -> None:
         sh("ip", "netns", "exec", self.namespace, "nft", "delete", "table", "inet", "cvcut")
