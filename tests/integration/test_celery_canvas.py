@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -53,7 +57,7 @@ from conveyor.state.store import from_url as state_store
 from tests.conftest import REDIS_URL, delete_redis_prefix
 from tests.integration.test_celery_intake import Setup, setup  # noqa: F401 - the fixture
 from tests.integration.workerkit import ROOT, worker_env
-from tests.support import stop
+from tests.support import stop, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +86,24 @@ def test_what_the_intake_cannot_run_is_refused_with_its_reason(
         embed: dict[str, Any], headers: dict[str, Any], phrase: str) -> None:
     with pytest.raises(CanvasRefused, match=phrase.replace("(", r"\(").replace(")", r"\)")):
         canvas_headers(embed, headers, follows=True)
+
+
+@pytest.mark.parametrize(("embed", "headers", "phrase"), [
+    ({"callbacks": [sig("t.add")]}, {}, "link/link_error callbacks (callbacks)"),
+    ({"chain": [sig("t.add", options={"task_id": "x", "link_error": [sig("t.add")]})]}, {},
+     "t.add has link_error callbacks"),
+    ({"chord": sig("celery.group", subtask_type="group", kwargs={"tasks": [sig("t.add")]})},
+     {"group": "g", "group_index": 0}, "a chord's callback that starts with a group"),
+    ({"chord": sig("t.tsum")}, {}, "without 'group' and 'group_index'"),
+    ({"chain": [{"task": "t.add", "options": {}}]}, {}, "has no task id"),
+])
+def test_what_a_canvas_run_cannot_honour_is_refused_with_its_reason(
+        embed: dict[str, Any], headers: dict[str, Any], phrase: str) -> None:
+    from conveyor.celery_intake.canvas_embed import refuse_links
+    from conveyor.celery_intake.canvas_plan import starts_a_run
+    with pytest.raises(CanvasRefused, match=phrase.replace("(", r"\(").replace(")", r"\)")):
+        refuse_links(embed)
+        starts_a_run("t.add", "id-1", "q", headers, [1], {}, embed)
 
 
 def test_a_chain_needs_the_result_backend_the_intake_follows() -> None:
@@ -122,6 +144,50 @@ def test_a_refused_canvas_message_is_rejected_not_run() -> None:
     out = convert(raw.__class__(**{**raw.__dict__, "body": json.dumps(body).encode()}),
                   "celery.q", lambda name: None, 0.0, "results")
     assert isinstance(out, Rejected) and "link/link_error" in out.reason
+
+
+def test_a_canvas_delivered_again_makes_one_run(unique: str, tmp_path: Path) -> None:
+    """The outcome loop creates a run, then acks: a crash in between delivers the canvas
+    again (or a chord member twice), and the run it made is found, not made again."""
+    from conveyor.celery_intake.canvas_runs import CanvasRuns
+    from conveyor.celery_intake.conversion import CeleryMessage
+    from conveyor.celery_intake.run_results import RunResults
+
+    state_url = f"sqlite:///{tmp_path}/state.db"
+    backend = RedisResults(REDIS_URL)
+    woken: list[str] = []
+    watcher = RunResults(backend, partial(state_store, state_url), prefix(state_url),
+                         threading.Event())
+    canvas = CanvasRuns(backend, partial(state_store, state_url), watcher, woken.append)
+
+    def message(task_id: str, embed: dict[str, Any], **headers: Any) -> CeleryMessage:
+        return CeleryMessage("q", "application/json", "utf-8",
+                             {"task": "t.add", "id": task_id, **headers},
+                             json.dumps([[1, 2], {}, embed]).encode())
+    chained = message(f"{unique}-1", {"chain": [sig("t.add", 10, task_id=f"{unique}-2")]})
+    callback = sig("t.tsum", task_id=f"{unique}-cb")
+    members = [message(f"{unique}-m{i}", {"chord": callback}, group=f"{unique}-g",
+                       group_index=i) for i in (1, 0)]
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.set(SIZE_KEY.format(group=f"{unique}-g"), 2, ex=600)
+        made = [canvas.start(chained), canvas.start(chained)]
+        joined = [canvas.start(m) for m in (members[0], members[0], members[1], members[1])]
+        store = state_store(state_url)
+        try:
+            rows = list(store.rows("recent_runs", dag_id="", state="", limit=10))
+        finally:
+            store.close()
+    finally:
+        canvas.close()
+        keys = list(client.scan_iter(match=prefix(state_url) + "*"))
+        client.delete(SIZE_KEY.format(group=f"{unique}-g"), *keys)
+        client.close()
+        backend.close()
+    assert made[0] is not None and made == [made[0]] * 2
+    assert joined[:2] == [None, None] and joined[2] is not None and joined[3] == joined[2]
+    assert sorted(r["run_id"] for r in rows) == sorted({made[0], joined[2]})
+    assert sorted(r["dag_id"] for r in rows) == ["canvas.add", "canvas.tsum"]
 
 
 # -- end to end -----------------------------------------------------------------------------------
@@ -324,6 +390,7 @@ def check_canvas_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
                                 tsum.s()).apply_async(),
         "chain after group": chain(group(add.s(1, 1), add.s(2, 2)), tsum.s(),
                                    add.s(3)).apply_async(),
+        "countdown": chain(add.s(2, 2), add.s(1)).apply_async(countdown=1),
         "failing": chain(add.s(1, 1), fail.si("kaput"), add.s(1)).apply_async(),
         "chord failing": chord([add.s(1, 1), fail.si("broken")], tsum.s()).apply_async(),
     }
@@ -337,6 +404,7 @@ def check_canvas_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
         assert setup.get(sent["chain in chord"], 60) == 11         # (1+1+5) + (2+2)
         assert setup.get(sent["chain after group"], 60) == 9       # (2 + 4) + 3
         assert sent["chain"].parent.get(timeout=10) == 13          # each step's result
+        assert setup.get(sent["countdown"], 60) == 5
         with pytest.raises(ValueError, match="kaput"):
             setup.get(sent["failing"], 60)
         assert sent["failing"].state == "PENDING"          # the step after it never ran
@@ -352,6 +420,45 @@ def check_canvas_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
     made = runs.rows("recent_runs", dag_id="", state="", limit=50)
     assert len(made) == len(sent), made                    # one run per canvas, no more
     assert {r["run_type"] for r in made} == {"canvas"}
-    assert sorted(r["state"] for r in made) == ["failed"] * 2 + ["success"] * 7
+    assert sorted(r["state"] for r in made) == ["failed"] * 2 + ["success"] * 8
     assert {r["dag_id"] for r in made} == {"canvas.add", "canvas.tsum"}
     assert "Traceback" not in setup.output(), setup.output()
+
+
+@pytest.mark.parametrize("setup", ["redis"], indirect=True)
+def test_a_worker_killed_mid_chain_loses_and_repeats_nothing(
+        setup: Setup, runs: Runs, tmp_path: Path) -> None:  # noqa: F811
+    """kill -9 of the worker (and the runner) running step two of a chain: the step comes
+    back to the next worker after the broker's lease (3 s here), the steps that succeeded
+    are not run again, and that worker's intake takes over the run's results (6 s lease)."""
+    ledger = str(tmp_path / "ledger")
+    app = setup.app
+
+    def step(task: str, token: str) -> Any:
+        return app.signature(task, args=(ledger, token), immutable=True)
+    first = setup.worker(**runs.env)
+    sent = chain(step("t.record", "one"), step("t.hang_once", "two"),
+                 step("t.record", "three")).apply_async()
+    setup.task_ids += every_id(sent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)   # Celery's, as above
+        runner = wait_for(lambda: next((line.split()[2] for line in Path(ledger).read_text()
+                                        .splitlines() if line.startswith("start two")), None),
+                          60, "step two to start", ignore=(FileNotFoundError,),
+                          detail=setup.output)
+        first.kill()
+        first.wait(10)
+        try:
+            os.kill(int(runner), signal.SIGKILL)
+        except ProcessLookupError:
+            pass   # it died with its worker
+        setup.worker(**runs.env)
+        assert setup.get(sent, 90) == "three", setup.output()
+        assert sent.parent.parent.get(timeout=10) == "one"
+        gc.collect()
+    assert "its watcher is gone, this intake writes its results now" in setup.output()
+    lines = Counter(" ".join(line.split()[:2]) for line in Path(ledger).read_text().splitlines())
+    assert lines == {"start one": 1, "done one": 1, "start two": 2, "done two": 1,
+                     "start three": 1, "done three": 1}
+    assert [r["state"] for r in runs.rows("recent_runs", dag_id="", state="", limit=5)] == [
+        "success"]

@@ -70,7 +70,10 @@ class Accepted:
 
 @dataclass(frozen=True)
 class StartsRun:
-    """A canvas (chain, chord member) to start as a scheduler run (canvas_runs.py)."""
+    """A canvas (chain, chord member) to start as a scheduler run (canvas_runs.py), after
+    `delay` seconds (its eta or countdown)."""
+
+    delay: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,13 @@ def convert(raw: CeleryMessage, queue: str, lookup: Callable[[str], Task[Any, An
     try:
         _check_content(raw)
         args, kwargs, embed = arguments(raw)
+        delay = _delay(raw.headers, now)
         if canvas_runs:
             refuse_links(embed)
             if starts_a_run(raw.task_name, raw.task_id, raw.queue, raw.headers, args, kwargs,
                             embed):
-                return StartsRun()
+                return StartsRun(delay)
         canvas = canvas_headers(embed, raw.headers, follows=bool(reply_to))
-        delay = _delay(raw.headers, now)
     except _Reject as exc:
         return exc.rejected
     except CanvasRefused as exc:

@@ -189,7 +189,8 @@ def publication(raw: CeleryMessage, client: Client,
         if isinstance(outcome, Accepted):
             return client.publication(outcome.message, outcome.delay)
         if isinstance(outcome, StartsRun):
-            return Publication(CANVAS_QUEUE, record(raw, "starts a canvas run", ""))
+            return Publication(CANVAS_QUEUE, record(raw, "starts a canvas run", ""),
+                               delay=outcome.delay)
     except (MessageError, ValueError, TypeError, KeyError, AttributeError) as exc:
         outcome = Rejected(f"cannot be converted ({type(exc).__name__}: {exc})")
     log.warning("Celery message %s (%s) from queue %r is rejected: %s", raw.task_id,
