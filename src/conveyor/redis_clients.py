@@ -34,7 +34,6 @@ from redis.sentinel import (
     Sentinel,
     SentinelConnectionPool,
     SentinelManagedConnection,
-    SentinelManagedSSLConnection,
 )
 
 from conveyor.errors import ConfigError
@@ -104,6 +103,26 @@ def durable(url: str) -> Durable | None:
     return Durable(int(replicas), int(timeout) if timeout else WAIT_TIMEOUT_MS)
 
 
+class _MasterConnection(SentinelManagedConnection):
+    """A connection to the master the Sentinels name, asked again at every (re)connect.
+
+    redis-py's `SentinelManagedConnection` asks them in `connect()`, but a command sent on a
+    disconnected connection reconnects through `connect_check_health()` (redis-py 8's
+    `send_packed_command`), which it does not override: a single-connection client (the
+    broker's) then reconnected to the dead primary's address forever after a failover."""
+
+    def connect_check_health(self, check_health: bool = True,
+                             retry_socket_connect: bool = True) -> None:
+        if not self._sock and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health=check_health,
+                                     retry_socket_connect=retry_socket_connect)
+
+
+class _MasterSSLConnection(_MasterConnection, SSLConnection):
+    """The same over TLS."""
+
+
 class UnknownMaster(MasterNotFoundError):
     """Sentinels answered, and none of them monitors a master of that name: a wrong URL,
     which retrying does not fix (`refusals.redis` says so at the first contact)."""
@@ -165,8 +184,7 @@ def parse_sentinel(url: str) -> SentinelAddress:
         options.pop(key, None)
     options.pop("db", None)
     ssl = options.pop("connection_class", None) is SSLConnection
-    options["connection_class"] = SentinelManagedSSLConnection if ssl else \
-        SentinelManagedConnection
+    options["connection_class"] = _MasterSSLConnection if ssl else _MasterConnection
     theirs = {SENTINEL_OPTIONS[k]: v for k, v in parse_qsl(parts.query)
               if k in SENTINEL_OPTIONS}
     return SentinelAddress(sentinels, path[0], int(path[1]) if len(path) == 2 else 0,

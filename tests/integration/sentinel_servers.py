@@ -4,8 +4,8 @@ module (`deployment`, the body of each module's fixture) and killed at teardown 
 it started, nothing else).
 
 `kill_primary()` is a `kill -9` of whichever node is the primary now; `revive()` starts the
-killed node again on its port and waits until the Sentinels have made it a replica of the
-promoted one, so the next test meets a primary with a replica again. Sentinel's
+killed node again on its port as a replica of the promoted one and waits until it is in sync
+and the Sentinels see it, so the next test meets a primary with a replica again. Sentinel's
 down-after-milliseconds is 1000 so a failover takes a few seconds, not the default 30+.
 """
 
@@ -102,10 +102,17 @@ class SentinelCluster:
 
     def revive(self, timeout: float = 60) -> None:
         """Start the killed node again (empty) and wait until it is a replica in sync."""
-        node, self.killed = self.killed, None
+        node = self.killed
         if node is None:
             return
-        self.promoted()
+        primary = self.promoted()
+        self.killed = None
+        # as its replica straight away, as an operator restarting a failed node would: left
+        # to find out, the Sentinels take ~16 s to demote a node that comes back as master
+        argv = node.argv
+        if "--replicaof" in argv:
+            argv = argv[:argv.index("--replicaof")]
+        node.argv = [*argv, "--replicaof", "127.0.0.1", str(primary.port)]
         node.start()
         self.healthy(timeout)
 
