@@ -71,9 +71,11 @@ def test_runs_cancel_survives_a_killed_scheduler(tmp_path: Path, unique: str,
         said = conveyor("runs", "cancel", run_id, env=env).stdout
         cancelled_at = time.monotonic()
         assert f"run {run_id} cancelled (was running)" in said
-        wait_for(lambda: not alive(pid), timeout=GRACE + 1,
+        wait_for(lambda: not alive(pid), timeout=30,
                  what="the running task's process to be stopped")
-        assert time.monotonic() - cancelled_at < GRACE + 1
+        # stopped by the cancel, not by its own end (60 s): a bound far from both, as the
+        # machine may be loaded (it was GRACE + 1 s)
+        assert time.monotonic() - cancelled_at < 15
         assert store.one("run", run_id=run_id)["state"] == "cancelled"
 
         again = spawn("scheduler", "--log-level", "WARNING", env=env)

@@ -97,6 +97,7 @@ def test_killed_scheduler_events_come_back_within_the_lease(
         store.close()
         for proc in [worker, *schedulers.values()]:
             stop(proc)
-    assert took < LEASE + 5, f"the event came back {took:.1f} s after the kill"
+    # the lease's lapse, not never: a bound with room for a loaded machine
+    assert took < LEASE + 10, f"the event came back {took:.1f} s after the kill"
     assert sorted(ledger.read_text().split()) == ["first", "second"]
 

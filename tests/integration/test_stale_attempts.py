@@ -150,9 +150,9 @@ def attempts(store: Store) -> list[dict[str, object]]:
 
 def test_timed_out_attempts_never_run_when_a_worker_comes_later(
         stack: Stack, scheduler: Callable[[DAG], None]) -> None:
-    """queued_timeout=3, retries=1, nobody consuming: the run fails after both attempts
+    """queued_timeout=2, retries=1, nobody consuming: the run fails after both attempts
     time out; a worker started afterwards acks both messages unrun (`expired`)."""
-    scheduler(ledger_dag(stack, queued_timeout=3, retries=1))
+    scheduler(ledger_dag(stack, queued_timeout=2, retries=1))
     store = from_url(stack.state_url)
     try:
         wait_for(lambda: the_task(store)["run_state"] == "failed", timeout=60,
@@ -268,7 +268,7 @@ def test_a_killed_schedulers_claimed_attempt_is_published_by_another_within_seco
                 stop(proc)
     print(f"claimed attempt published {took:.2f} s after its claimer's SIGKILL "
           f"(lease {LEASE:g} s)")
-    assert took < LEASE + 5, f"published {took:.1f} s after the kill"
+    assert took < LEASE + 10, f"published {took:.1f} s after the kill"  # room for load
     assert stack.ledger.read_text() == "ran\n", out
 
 
