@@ -7,6 +7,7 @@ standby promoted under a running scheduler, is tests/cluster/test_postgres_failo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -14,9 +15,11 @@ import pytest
 from psycopg import sql
 
 from conveyor.errors import StateStoreLost
+from conveyor.results.base import ResultRecord
+from conveyor.results.sql import SQLResults
 from conveyor.state.store import PostgresStore, from_url
 from tests.conftest import POSTGRES_URL, require_service
-from tests.support import Proxy, free_port
+from tests.support import Proxy, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +47,8 @@ def test_a_lost_session_is_said_and_the_next_use_connects_again_and_listens_agai
         store.listen("conveyor_test_wake")
         assert store.one("schema_version") is not None
         proxy.cut()
-        assert store.notifications(30) == []   # lost: none, at once; the next use reconnects
+        with pytest.raises(StateStoreLost):   # at once: the caller reads again
+            store.notifications(30)
         proxy.restore()
         assert store.one("schema_version") is not None   # a new session, schema and all
         with psycopg.connect(POSTGRES_URL, autocommit=True) as other:
@@ -80,3 +84,30 @@ def test_a_session_on_a_read_only_server_is_lost_not_a_failed_query(schema: str)
         assert readonly._db.closed   # closed: the next use opens one where writes go
     finally:
         readonly.close()
+
+
+def test_a_result_waiter_cut_off_reads_again_and_finds_what_was_stored_meanwhile(
+        schema: str, proxy: Proxy) -> None:
+    """Its notification was sent while its session was gone: it reads again on the new
+    session instead of sleeping to its timeout."""
+    name = f"waiter_{schema}"
+    waiter = SQLResults(f"postgresql://postgres@{proxy.address}/postgres?schema={schema}"
+                        f"&application_name={name}")
+    writer = SQLResults(f"{POSTGRES_URL}?schema={schema}")
+    got: list[ResultRecord | None] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.wait("m1", 60)))
+    try:
+        thread.start()
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as watch:
+            wait_for(lambda: watch.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = %s AND state = 'idle'"
+                " AND query LIKE 'SELECT%%'", (name,)).fetchone(), 30, "the waiter asleep")
+        proxy.cut()
+        assert writer.put("m1", ResultRecord("succeeded", value=42), ttl=60)
+        proxy.restore()
+        thread.join(60)
+        assert got and got[0] is not None and got[0].value == 42
+    finally:
+        thread.join(60)
+        waiter.close()
+        writer.close()

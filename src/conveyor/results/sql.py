@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from conveyor.broker.wake import WakeChannel
+from conveyor.errors import StateStoreLost
 from conveyor.results.base import ResultRecord, ResultStore
 from conveyor.state import store as stores
 from conveyor.state.monitoring import Results
@@ -71,7 +72,10 @@ class SQLResults(ResultStore):
         if self._wake is not None:
             return self._wake.wait(timeout)
         assert isinstance(self.store, stores.PostgresStore)
-        return message_id in self.store.notifications(timeout)
+        try:
+            return message_id in self.store.notifications(timeout)
+        except StateStoreLost:   # a failover: a notification may be lost with it; read again
+            return True
 
     def close(self) -> None:
         if self._wake is not None:

@@ -255,15 +255,11 @@ class PostgresStore(Store):
 
     def notifications(self, timeout: float) -> list[str]:
         """Payloads that arrive within `timeout`: returns at the first, or empty at timeout.
-        A lost session returns none at once (the caller reads again; the next use
-        reconnects and LISTENs again: what was sent meanwhile is gone)."""
-        try:
-            with self._guarded():
-                db = self._session()
-                return [n.payload for n in db.notifies(timeout=timeout, stop_after=1)]
-        except StateStoreLost as exc:
-            _log.warning("%s; listening again", exc)
-            return []
+        StateStoreLost if the session is lost: what was sent meanwhile is gone, so the caller
+        reads again (its next use reconnects and LISTENs again before reading)."""
+        with self._guarded():
+            db = self._session()
+            return [n.payload for n in db.notifies(timeout=timeout, stop_after=1)]
 
     def _prepare_schema(self) -> None:
         if self.schema:
