@@ -98,9 +98,22 @@ class CurrentContext:
 
     def __init__(self) -> None:
         self._current: TaskContext | None = None
+        self._asset_extra: dict[str, dict[str, Any]] = {}
 
     def set(self, value: TaskContext | None) -> None:
         self._current = value
+        self._asset_extra = {}
+
+    def set_asset_extra(self, outlet: Any, extra: Mapping[str, Any]) -> None:
+        """Give the asset event that outlet `outlet` (an `Asset`, or its URI) records when
+        this task succeeds these `extra` keys (over what the task returns, if an object);
+        Airflow's `outlet_events[asset].extra`. JSON values only."""
+        self.get()
+        self._asset_extra.setdefault(str(getattr(outlet, "uri", outlet)), {}).update(extra)
+
+    def asset_extras(self) -> dict[str, dict[str, Any]]:
+        """What `set_asset_extra` was given in this task, by URI (the runner reports it)."""
+        return self._asset_extra
 
     def get(self) -> TaskContext:
         if self._current is None:

@@ -59,6 +59,9 @@ class Event:
     #: The code version of the worker (`--code-version`), on `started` events: a run
     #: records the one its first task started on (README "Runs pinned to their code").
     code_version: str = ""
+    #: On `succeeded`: the extras a task set for its outlets' asset events through its
+    #: context (`context.set_asset_extra`), by URI (README "Runs started by assets").
+    asset_extra: Mapping[str, Any] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return json.dumps({"v": 1, **asdict(self)}, separators=(",", ":"),

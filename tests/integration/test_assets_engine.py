@@ -64,9 +64,11 @@ def test_an_outlet_starts_its_consumer_once_with_the_events_in_context(store: St
     engine.tick(T0)
     work = executor.pop("extract")
     engine.handle(event(work, "started", T0 + 1), T0 + 1)
-    engine.handle(event(work, "succeeded", T0 + 2, result={"rows": 42}), T0 + 2)
+    engine.handle(event(work, "succeeded", T0 + 2, result={"rows": 42, "by": "?"},
+                        asset_extra={ORDERS.uri: {"by": "extract"}}), T0 + 2)
     (orders_event,) = Assets(store).events(ORDERS.uri)
-    assert orders_event.extra == {"rows": 42} and orders_event.task_id == "extract"
+    assert orders_event.extra == {"rows": 42, "by": "extract"}
+    assert orders_event.task_id == "extract"
 
     engine.tick(T0 + 3)
     engine.tick(T0 + 4)
@@ -74,7 +76,7 @@ def test_an_outlet_starts_its_consumer_once_with_the_events_in_context(store: St
     headers = executor.sent[0].message.headers
     assert headers["dag"] == "either"
     (seen,) = json.loads(headers["asset_events"])
-    assert seen["uri"] == ORDERS.uri and seen["extra"] == {"rows": 42}
+    assert seen["uri"] == ORDERS.uri and seen["extra"] == {"rows": 42, "by": "extract"}
 
     record_event(store, PAYMENTS.uri, {}, T0 + 5, source="test")
     engine.tick(T0 + 5)

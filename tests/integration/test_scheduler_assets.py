@@ -1,10 +1,10 @@
 """Assets and events end to end: real `conveyor scheduler`s and a `conveyor worker` on SQLite
 and on Postgres. A task's outlet starts the DAG consuming it once, with two schedulers
-running, its tasks seeing the event (its extra is what the producer returned); an event sent
-with `conveyor events send` starts a run with its payload as conf, a re-sent dedupe key
-starting nothing. And a scheduler SIGKILLed with the event recorded and no run, or with the
-run inserted and its events not yet consumed, leaves a run created exactly once by the next
-scheduler. Prints the latency from event to consumer run started."""
+running, its tasks seeing the event (its extra: what the producer returned, and set through
+its context); an event sent with `conveyor events send` starts a run with its payload as
+conf, a re-sent dedupe key starting nothing. And a scheduler SIGKILLed with the event
+recorded and no run, or with the run inserted and its events not yet consumed, leaves a run
+created exactly once by the next scheduler. Prints event -> consumer run started."""
 
 from __future__ import annotations
 
@@ -39,12 +39,13 @@ def note(line):
 @task(name="assettest.extract")
 def extract():
     note("extract")
+    context.set_asset_extra(ORDERS, {{"by": context.task_id}})
     return {{"rows": 42}}
 
 
 @task(name="assettest.report")
 def report():
-    note("report:" + ",".join(f"{{e['uri']}}={{e['extra'].get('rows')}}"
+    note("report:" + ",".join(f"{{e['uri']}}={{e['extra']['rows']}}/{{e['extra']['by']}}"
                               for e in context.triggering_asset_events))
 
 
@@ -87,7 +88,7 @@ def test_an_outlet_starts_its_consumer_once_and_an_event_its_run_with_two_schedu
     store = from_url(env["CONVEYOR_STATE_URL"])
     try:
         trigger_run(env, "produce")
-        wait_for(lambda: "report:s3://lake/orders=42" in ledger_lines(tmp_path), timeout=60,
+        wait_for(lambda: "report:s3://lake/orders=42/extract" in ledger_lines(tmp_path), timeout=60,
                  what="the consumer DAG to run", detail=lambda: str(ledger_lines(tmp_path)))
         for key, invoice in (("inv-1", 1), ("inv-1", 1), ("inv-2", 2)):
             conveyor("events", "send", "invoice.paid", "--payload",
@@ -103,7 +104,7 @@ def test_an_outlet_starts_its_consumer_once_and_an_event_its_run_with_two_schedu
         for proc in (*schedulers, worker):
             stop(proc)
     assert ledger_lines(tmp_path) == ["extract", "paid:1", "paid:2",
-                                      "report:s3://lake/orders=42"]
+                                      "report:s3://lake/orders=42/extract"]
     print(f"\nevent -> consumer run started: outlet {asset_ms:.0f} ms, "
           f"`events send` {event_ms:.0f} ms")
 
@@ -134,4 +135,4 @@ def test_a_scheduler_killed_between_event_and_run_starts_the_run_once(
                 stop(proc)
     assert [r["state"] for r in consumed] == ["success"]
     assert queued == {}
-    assert ledger_lines(tmp_path) == ["extract", "report:s3://lake/orders=42"]
+    assert ledger_lines(tmp_path) == ["extract", "report:s3://lake/orders=42/extract"]

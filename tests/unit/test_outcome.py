@@ -53,6 +53,9 @@ def test_classify_keeps_result_and_error() -> None:
     failed = classify(Facts({"outcome": "failed", "error": {"type": "E", "message": "m"}}, 0))
     assert failed.error == {"type": "E", "message": "m"}
     assert "SIGSEGV" in classify(Facts(None, SIGSEGV)).reason
+    extra = {"s3://lake/orders": {"rows": 3}}
+    assert classify(Facts({"outcome": "succeeded", "asset_extra": extra},
+                          EXIT_0)).asset_extra == extra
 
 
 BUDGET = Budget(max_retries=3, max_deliveries=20, backoff=1.0, backoff_max=10.0)

@@ -39,11 +39,14 @@ class _Taken(Exception):
     """Another scheduler consumed these events first (or the run's date was taken)."""
 
 
-def outlets_of(spec: Mapping[str, Any], result: Any) -> list[tuple[str, dict[str, Any]]]:
+def outlets_of(spec: Mapping[str, Any], result: Any, given: Mapping[str, Any] | None = None
+               ) -> list[tuple[str, dict[str, Any]]]:
     """(URI, extra) per outlet of a task that returned `result`: a returned JSON object is
-    each outlet's event's extra, anything else gives an empty one."""
+    each outlet's event's extra, with what the task set for that URI through its context
+    (`given`, by URI: `context.set_asset_extra`) over it."""
     extra = dict(result) if isinstance(result, dict) else {}
-    return [(uri, extra) for uri in spec.get("outlets") or ()]
+    given = given or {}
+    return [(uri, {**extra, **(given.get(uri) or {})}) for uri in spec.get("outlets") or ()]
 
 
 class AssetRuns:

@@ -281,7 +281,7 @@ class Engine:
             return []
         self.attempts.record(key, outcome="succeeded", error=None, result=result, log=log)
         if ti.spec.get("outlets"):   # its asset events commit with its success
-            self._produced(ti, event.result, key.now)
+            self._produced(ti, event, key.now)
         facts_of.trace_attempt(ti, key.attempt, "success", key.now)
         self.callbacks.task(ti, key.attempt, "on_success", key.now)
         ready = [] if children == [] else self.mapper.expand(self.readiness.after(
@@ -289,11 +289,11 @@ class Engine:
         self._finish(ti.run_id, key.now)
         return ready
 
-    def _produced(self, ti: TaskInstance, result: Any, now: float) -> None:
+    def _produced(self, ti: TaskInstance, event: Event, now: float) -> None:
         """Record an asset event per outlet of a task that succeeded (the caller's
         transaction), and tick soon: a DAG consuming one may now have a run to start."""
         dag_id = ti.spec.get("dag_id")
-        for uri, extra in asset_runs.outlets_of(ti.spec, result):
+        for uri, extra in asset_runs.outlets_of(ti.spec, event.result, event.asset_extra):
             self.assets.record(uri, extra, now, source="task", dag_id=dag_id,
                                run_id=ti.run_id, task_id=ti.task_id)
         self._note(now)

@@ -44,6 +44,7 @@ class Outcome:
     error: Mapping[str, Any] = field(default_factory=dict)
     reason: str = ""
     retry_delay: float | None = None  # a task's own Retry(delay=...)
+    asset_extra: Mapping[str, Any] = field(default_factory=dict)  # context.set_asset_extra
 
 
 def classify(facts: Facts) -> Outcome:
@@ -62,7 +63,8 @@ def classify(facts: Facts) -> Outcome:
         return Outcome("timed_out", reason="hard time limit passed: killed")
     kind = report.get("outcome")
     if kind == "succeeded" and _exited_cleanly(facts.exit_status):
-        return Outcome("succeeded", result=report.get("result"))
+        return Outcome("succeeded", result=report.get("result"),
+                       asset_extra=report.get("asset_extra") or {})
     if kind == "skipped":   # it raised Skip, or its command exited with a skip code
         return Outcome("skipped", reason=report.get("reason", ""))
     if kind in ("failed", "timed_out", "retry_requested"):

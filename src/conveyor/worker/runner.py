@@ -211,7 +211,10 @@ def _run_task(message: dict[str, Any], channel: socket.socket) -> dict[str, Any]
     try:
         context.set(task_context)
         result = lookup(message["task"]).fn(*message.get("args", ()), **message.get("kwargs", {}))
-        return {"outcome": "succeeded", "result": _json_safe(result)}
+        report = {"outcome": "succeeded", "result": _json_safe(result)}
+        if context.asset_extras():   # set for its outlets' asset events (a DAG task)
+            report["asset_extra"] = _json_safe(context.asset_extras())
+        return report
     except UnknownTask as exc:
         return {"outcome": "unknown_task", "reason": str(exc)}
     except Skip as exc:

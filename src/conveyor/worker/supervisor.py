@@ -354,6 +354,8 @@ class Supervisor(Intake):
         where: dict[str, Any] = {"pid": run.runner.pid, "log": tuple(run.runner.tail)} \
             if run.runner is not None else {}
         started_at = time.time() - (time.monotonic() - run.started)
+        if outcome.asset_extra:   # a DAG task's extras for its asset events
+            where["asset_extra"] = outcome.asset_extra
         self._tell(kind, m, queue, duration, result=outcome.result, error=dict(outcome.error),
                    reason=outcome.reason, retry_in=retry_in, started_at=started_at, **where)
         if action.verb == "retry":
