@@ -14,6 +14,7 @@ stops its runner 2.5 s after its last renewal (worker/fencing.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from conveyor.config import Settings
 from conveyor.message import Message
 from conveyor.results.handle import ResultHandle
 from conveyor.state.store import from_url as from_state_url
+from tests.conftest import RABBITMQ_URL, clean_transport, require_service
 from tests.integration import netns
 from tests.integration.private_servers import postgres_server, redis_server
 from tests.integration.workerkit import APP, ROOT, events, finish, worker_env
@@ -383,3 +385,68 @@ def test_a_scheduler_cut_off_from_its_state_store_stops_then_resumes_once(
     lines = ledger_lines(ledger)
     assert sorted(lines) == sorted((kind, task) for task in CHAIN
                                    for kind in ("start", "end")), lines
+
+
+def test_on_rabbitmq_a_cut_off_workers_task_runs_again_and_its_late_ack_is_refused(
+        servers: Servers, tmp_path: Path, unique: str) -> None:
+    """RabbitMQ (the shared node, reached through a relay on the test's address): deliveries
+    belong to a connection, not a lease. Worker A is cut off 0.1 s into an 8 s task; the
+    broker misses A's heartbeats (`heartbeat=2`), closes its connection and hands the task
+    to worker B. A is not fenced (no lease to reckon), so its run goes on: the two runs MAY
+    overlap (README), and this measures by how much. A's ack, made on the connection the
+    broker closed, is never taken (it is not delivered a third time) and nothing is lost: one
+    duplicate, the task in flight at the cut."""
+    require_service("rabbitmq")
+    relay = netns.DelayRelay(servers.net.server, ("127.0.0.1", 5672))
+    url = f"amqp://guest:guest@{relay.address}/%2F?heartbeat=2"
+    ledger, queue = tmp_path / "ledger", f"q-{unique}"
+    ledger.touch(mode=0o666)
+    case = Case(servers, url, queue, ledger)
+    host_a, host_b = servers.hosts
+    client = Client(from_url(RABBITMQ_URL))
+    try:
+        client.enqueue(Message(queue=queue, task="t.runlog", args=(str(ledger), "long", 8.0)))
+        a = case.worker(host_a)
+        out_a = reading(a)
+        wait_for(lambda: "long" in runs(ledger), 60, "A to start the task",
+                 detail=lambda: "".join(out_a))
+        host_a.cut()
+        cut_at = time.monotonic()
+        b = case.worker(host_b)   # not --burst: the message is A's until the broker sees A gone
+        out_b = reading(b)
+        wait_for(lambda: len(runs(ledger)["long"]) == 2, 60, "B to run the task again",
+                 detail=lambda: "".join(out_b))
+        recovered = runs(ledger)["long"][1].start - cut_at
+        wait_for(lambda: runs(ledger)["long"][1].ended, 30, "B's run to end")
+        host_a.heal()
+        wait_for(lambda: runs(ledger)["long"][0].ended, 30, "A's run to end")
+        time.sleep(3)   # A's late ack, if any, would be sent by now
+        a.terminate()
+        a.wait(60)
+    finally:
+        client.close()
+        for proc in case.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+            if proc.stdout is not None:
+                name = f"reading {proc.pid}"
+                wait_for(lambda: not any(t.name == name   # noqa: B023
+                                         for t in threading.enumerate()), 10, "EOF")
+                proc.stdout.close()
+        for host in servers.hosts:
+            with contextlib.suppress(RuntimeError):
+                host.heal()
+        relay.close()
+        clean_transport("rabbitmq", unique)
+    first, second = runs(ledger)["long"]
+    overlap = max(0.0, first.last - second.start)
+    print(f"\nrabbitmq: task running again elsewhere {recovered:.2f} s after the cut "
+          f"(heartbeat 2 s); the cut-off worker's run was not stopped: the two overlapped "
+          f"{overlap:.2f} s")
+    assert first.ended and second.ended, ("".join(out_a), "".join(out_b))
+    depth = from_url(RABBITMQ_URL)
+    try:
+        assert depth.is_empty([queue]), "the message came back once more: A's ack was taken?"
+    finally:
+        depth.close()
