@@ -126,6 +126,13 @@ def pinned_queue(queue: str, version: str) -> str:
     return f"{queue}@{version}"
 
 
+def is_pinned_queue(queue: str) -> bool:
+    """Whether `queue` is a per-version queue (`pinned_queue`): '@' names one. RabbitMQ
+    declares those to expire once unused (broker/rabbitmq/ladder.py); the scheduler
+    publishes again what one held when its version's workers are all gone."""
+    return "@" in queue
+
+
 def queue_names(text: str) -> tuple[str, ...]:
     """Comma-separated queue names, at least one."""
     queues = tuple(q.strip() for q in text.split(",") if q.strip())

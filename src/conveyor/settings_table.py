@@ -228,9 +228,9 @@ FLAGS = (
             socket.gethostname(), str, flags=("-n", "--hostname")),
     flagged("CONVEYOR_CODE_VERSION", "the version of the tasks' code this worker announces "
             "and serves <queue>@<version> for (runs pinned to their code send their later "
-            "tasks to workers of the version they started on; default: none announced, the "
-            "version derived from the app, its git revision or a hash of its source, is "
-            "only logged)", "", kinds.code_version, flags=("--code-version",)),
+            "tasks to workers of the version they started on; default: derived from the "
+            "app, its git revision or a hash of its source; none: announce none)", "",
+            kinds.code_version, flags=("--code-version",)),
     flagged("CONVEYOR_HEARTBEAT_INTERVAL", "seconds between heartbeats (lease renewals, events)",
             10.0, kinds.positive_seconds, flags=("--heartbeat-interval",)),
     flagged("CONVEYOR_LEASE", "seconds a delivery stays this worker's without a renewal "

@@ -31,9 +31,9 @@ from conveyor.broker.rabbitmq import (
     level_pattern,
     set_levels,
 )
-from conveyor.broker.rabbitmq.bands import band_queue, even_units
+from conveyor.broker.rabbitmq.bands import band_queue, bands_high_first, even_units
 from conveyor.errors import BrokerError, LeaseLost
-from tests.conftest import RABBITMQ_URL, require_service
+from tests.conftest import RABBITMQ_URL, delete_rabbitmq_queues, require_service
 from tests.support import first, wait_for
 
 LOGGER = "conveyor.broker.rabbitmq"
@@ -611,6 +611,38 @@ def test_publish_many_declares_again_a_queue_deleted_under_it(
         got.append(delivery.body)
         broker.ack(delivery)
     assert sorted(got) == [b"a", b"b"]
+
+
+def test_a_per_version_queue_expires_once_unused_and_a_plain_one_never(
+        open_broker: Callable[..., RabbitMQBroker], queue: str) -> None:
+    """`<queue>@<version>` (a worker's code version, README "Runs pinned to their code") and
+    every queue it brings (bands, dead letters, delay levels) are declared with x-expires:
+    RabbitMQ deletes them once no consumer has used them for `pinned_queue_expires`, so past
+    deploys leave nothing. The plain queue beside it stays."""
+    pinned = f"{queue}@v1"
+    broker = open_broker(pinned_queue_expires="1")
+    broker.publish_many([Publication(queue, b"plain"), Publication(pinned, b"pinned")])
+    broker.publish(pinned, b"later", delay=60)
+    assert first(broker, [pinned]) is not None    # a consumer used it (and hands it back)
+    broker.close()
+    family = [*bands_high_first(pinned), f"{pinned}.dead", *(
+        f"{pinned}.delay.{k}" for k in set_levels(delay_units(60)))]
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        def exists(name: str) -> bool:
+            channel = connection.channel()
+            try:
+                channel.queue_declare(name, passive=True)
+            except pika.exceptions.ChannelClosedByBroker:
+                return False
+            channel.close()
+            return True
+        wait_for(lambda: not any(exists(name) for name in family), 60,
+                 "the per-version queues to expire")
+        assert exists(queue)
+    finally:
+        connection.close()
+        delete_rabbitmq_queues(pinned)    # what a failure left
 
 
 # -- priority bands ------------------------------------------------------------------------

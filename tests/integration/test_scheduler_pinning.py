@@ -3,9 +3,11 @@ different code versions, on SQLite and Postgres state.
 
 The run `first >> second >> third` is pinned (`pin_code=True`). `first` starts on the old
 worker (v1): the run records v1. A new worker (v2) starts and sits idle; `second` still goes
-to the old one. The old worker then stops while `second` runs: `third` has no worker of v1,
-says so (`runs show`: waiting for a worker of code version v1) and after `pin_timeout`
-moves to any worker (policy `newest`): the new one. Each task runs once.
+to the old one. The old worker then stops while `second` runs (it drains): `third` is held
+for v1 (or, sent to `default@v1` just before the old one left, is stranded there, and at
+its deadline to start sent again, uncharged: retries=0), says so (`runs show`: waiting for
+a worker of code version v1), and after `pin_timeout` moves to any worker (policy
+`newest`): the new one. Each task runs once.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from tests.support import conveyor, spawn, wait_for
 
 DAG_FILE = """\
 from conveyor.scheduler import DAG
-dag = DAG("pinned", retries=1, retry_delay=0, queued_timeout=4, pin_code=True,
-          pin_timeout=3, pin_policy="newest")
+dag = DAG("pinned", retries=0, queued_timeout=3, pin_code=True, pin_timeout=12,
+          pin_policy="newest")
 def step(name, gate):
     return dag.command(name, ["sh", "-c", f"while [ ! -e {{gate}} ]; do sleep 0.05; done; "
                                           f"echo {{name}} >> {ledger}"])
@@ -104,6 +106,10 @@ def test_a_pinned_run_stays_on_its_code_then_moves_on_when_it_is_gone(
                  "the run to end", detail=lambda: states(store, run_id))
         hosts = {t["task_id"]: t["hostname"] for t in detail(store, run_id)["tasks"]}
         assert hosts == {"first": "old", "second": "old", "third": "new"}
+        third = task(store, run_id, "third")   # stranded if sent before the old one left
+        assert [(a["attempt"], a["outcome"]) for a in detail(store, run_id)["attempts"]
+                if a["ti_id"] == third["ti_id"]] in ([(1, "stranded"), (2, "succeeded")],
+                                                     [(1, "succeeded")])
         assert sorted(ledger.read_text().split()) == ["first", "second", "third"]
         source = run_source(store, run_id)
         assert source is not None and "pin_code=True" in source["source"]

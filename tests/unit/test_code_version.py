@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.kinds import code_version, pinned_queue
-from conveyor.worker.code_version import UNVERSIONED, derive, git_revision, source_hash
+from conveyor.worker.code_version import OFF, announced, derive, git_revision, source_hash
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
@@ -83,8 +83,8 @@ def test_a_package_is_hashed_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_worker_without_an_app_is_unversioned() -> None:
-    assert derive([]) == UNVERSIONED
-    assert derive(["no_such_module_for_conveyor_tests"]) == UNVERSIONED
+    assert derive([]) == ""
+    assert derive(["no_such_module_for_conveyor_tests"]) == ""
 
 
 def test_a_version_given_by_hand_must_fit_a_queue_name() -> None:
@@ -96,18 +96,23 @@ def test_a_version_given_by_hand_must_fit_a_queue_name() -> None:
     assert pinned_queue("default", "v2") == "default@v2"
 
 
-def test_a_worker_announces_only_a_version_it_was_given(
+def test_a_worker_announces_the_version_given_else_the_derived_one_unless_none(
         caplog: pytest.LogCaptureFixture) -> None:
-    """Without --code-version a worker serves no `<queue>@<version>` (each version costs
-    durable queues on RabbitMQ, and a derived one changes every build): it logs the derived
-    one and says what to give."""
+    """Without --code-version a worker announces (and serves `<queue>@<version>` for) the
+    version derived from its app; `--code-version none` announces none."""
     import argparse
     import logging
 
     from conveyor.worker.cli import _announce_code_version
 
+    here = str(Path(__file__))
+    derived = derive([here])
+    assert derived and announced("", [here]) == derived
+    assert announced("v7", [here]) == "v7" and announced(OFF, [here]) == ""
     with caplog.at_level(logging.INFO, logger="conveyor.worker"):
         assert _announce_code_version(argparse.Namespace(code_version="v7", app=[])) == "v7"
-        assert _announce_code_version(argparse.Namespace(code_version="", app=[])) == ""
-    assert "give --code-version" in caplog.text
-    assert UNVERSIONED in caplog.text
+        assert _announce_code_version(argparse.Namespace(code_version="", app=[here])) == \
+            derived
+        assert _announce_code_version(argparse.Namespace(code_version=OFF, app=[here])) == ""
+    assert f"code version {derived} (derived from the app" in caplog.text
+    assert "no code version announced (--code-version none)" in caplog.text

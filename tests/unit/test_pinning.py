@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from conveyor.cli.status import collect
 from conveyor.scheduler import DAG
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.errors import DagError
 from conveyor.scheduler.runs import create_run
+from conveyor.scheduler.sampler import queues_to_sample
 from conveyor.state.monitoring import Workers
 from conveyor.state.store import Store
 from conveyor.ui.app import Dashboard, UiConfig
@@ -94,8 +96,8 @@ def test_with_no_live_worker_of_its_version_a_task_is_held_then_published_when_o
     worker(store, "v1", now + 4)
     engine.tick(now + 6)
     assert sent.pop("second").message.queue == "default@v1"
-    published = second(store, run_id)
-    assert published["published_at"] is not None and published["waiting_for"] is None
+    published = second(store, run_id)      # it names the version it was sent to now
+    assert published["published_at"] is not None and published["waiting_for"] == "v1"
 
 
 def test_policy_newest_publishes_to_any_worker_after_the_timeout_and_wait_keeps_waiting(
@@ -110,6 +112,56 @@ def test_policy_newest_publishes_to_any_worker_after_the_timeout_and_wait_keeps_
     engine, sent, run_id = started_first(store, pair("wait", timeout=5.0), now + 1)
     engine.tick(now + 30)
     assert sent.task_ids() == [] and second(store, run_id)["waiting_for"] == "v1"
+
+
+def test_a_task_stranded_in_a_gone_versions_queue_is_sent_again_uncharged(
+        store: Store) -> None:
+    """`second` was sent to default@v1; every v1 worker goes (its RabbitMQ queue may expire
+    with the message). At its deadline to start it is not failed (retries=0): the next
+    attempt, uncharged, is held for v1, then (policy newest) sent to any worker. A v1 worker
+    still alive at the deadline makes it an ordinary queued timeout."""
+    now = time.time()
+    worker(store, "v1", now)
+    worker(store, "v2", now)
+    dag = DAG("pair", pin_code=True, pin_timeout=30, pin_policy="newest", retries=0,
+              queued_timeout=10)
+    dag.command("first", ["true"]) >> dag.command("second", ["true"])
+    engine, sent, run_id = started_first(store, dag, now)
+    assert sent.pop("second").message.queue == "default@v1"
+    worker(store, "v1", now - 100)        # the last v1 worker is gone (stale)
+    engine.tick(now + 16)                 # past queued_timeout + start grace
+    again = second(store, run_id)
+    assert (again["state"], again["attempt"], again["max_attempts"], again["waiting_for"],
+            again["published_at"]) == ("queued", 2, 2, "v1", None)   # held for v1
+    attempts = store.rows("ti_attempts", ti_id=again["ti_id"])
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "stranded")]
+    assert "default@v1, whose workers (code version v1) are all gone" in attempts[0]["error"]
+    engine.tick(now + 31)                 # pin_timeout since it was first queued: newest
+    assert sent.pop("second").message.queue == "default"
+
+    worker(store, "v1", now + 40)         # a v1 worker lives: an ordinary queued timeout
+    engine2, sent2, run2 = started_first(store, dag, now + 40)
+    assert sent2.pop("second").message.queue == "default@v1"
+    worker(store, "v1", now + 55)
+    engine2.tick(now + 56)
+    timed_out = second(store, run2)
+    assert (timed_out["state"], timed_out["attempt"]) == ("failed", 1)
+
+
+def test_status_and_the_sampler_see_the_queues_of_each_version(store: Store) -> None:
+    """Each worker's `<queue>@<version>` and the one a pinned task went to are sampled and
+    shown by `conveyor status`: a backlog left for an old version is visible."""
+    now = time.time()
+    worker(store, "v1", now)
+    _, sent, run_id = started_first(store, pair(), now)
+    assert sent.pop("second").message.queue == "default@v1"
+    with store.transaction():
+        Workers(store).delete("w-v1")     # the v1 worker left the registry
+    worker(store, "v2", now, queues="default,heavy")
+    assert queues_to_sample(store, ("default",)) == [
+        "default", "heavy", "default@v2", "heavy@v2", "default@v1"]
+    shown = collect(store, None, [], 5, now)
+    assert "default@v1" in [q["queue"] for q in shown["queues"]]
 
 
 def test_a_dag_refuses_an_unknown_pin_policy_or_a_negative_timeout() -> None:

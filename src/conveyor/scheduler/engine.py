@@ -30,6 +30,7 @@ from typing import Any
 
 from conveyor import tracing
 from conveyor.events import Event
+from conveyor.kinds import pinned_queue
 from conveyor.message import new_id
 from conveyor.scheduler import asset_runs, cron, deadlines
 from conveyor.scheduler import event_facts as facts_of
@@ -471,6 +472,8 @@ class Engine:
             timed_out: TaskInstance | None = None
             if ti is not None and ti.state == "queued" and ti.published_at is None:
                 republish = self._claim_unpublished(ti, now)
+            elif ti is not None and (version := self.pins.stranded(ti, now)):
+                republish = self._send_again(ti, version, now)
             elif ti is not None:
                 outcome, error = timeout_reason(ti, now, self.start_grace)
                 key = Transition(ti.ti_id, ti.attempt, now, now)
@@ -479,6 +482,20 @@ class Engine:
         self._dispatch(republish + self._take_later(), now)
         if timed_out is not None:
             self._withdraw(timed_out)
+
+    def _send_again(self, ti: TaskInstance, version: str, now: float) -> list[TaskInstance]:
+        """A pinned attempt stranded in `<queue>@<version>` (no live worker of it left) past
+        its deadline to start: recorded as `stranded` and sent again as the next attempt,
+        uncharged (pinning.py). Its message can no longer run: a worker acks it unrun."""
+        key = Transition(ti.ti_id, ti.attempt, now, now)
+        error = (f"stranded: sent to {pinned_queue(ti.queue, version)}, whose workers (code "
+                 f"version {version}) are all gone; sent again")
+        self.attempts.record(key, outcome="stranded", error=error, result=None, log=None)
+        again = self.tis.send_again(ti_id=ti.ti_id, attempt=ti.attempt, now=now, **self._claim)
+        if again:
+            log.warning("task %s of run %s: attempt %d %s as attempt %d", ti.task_id,
+                        ti.run_id, ti.attempt, error, ti.attempt + 1)
+        return again
 
     @property
     def _claim(self) -> dict[str, Any]:
@@ -526,8 +543,9 @@ class Engine:
         holding = {h.ti.ti_id for h in held}
         for ti in sorted(tis, key=lambda t: (-t.priority, t.position)):
             if ti.ti_id not in holding:
+                version = routes.get(ti.ti_id)
                 work = workload(ti, self.events_queue, self._upstream_results(ti), now=now,
-                                queue=routes.get(ti.ti_id))
+                                queue=pinned_queue(ti.queue, version) if version else None)
                 batches.setdefault(ti.executor, []).append((ti, work))
         if tis:
             self.before_publish(tis)
@@ -542,21 +560,22 @@ class Engine:
             # Recorded even through a lost store session (a failover): the messages are out,
             # and a claim of ours left unrecorded would be published again (_claim_unpublished)
             through_losses(f"recording {len(published)} task instances published",
-                           lambda: self._record_published(published, held, now))
+                           lambda: self._record_published(published, held, now, routes))
         if published:
             self._note(now + min(ti.queued_timeout for ti in published) + self.start_grace)
         if held:
             self._note(min(h.recheck_at for h in held))
 
     def _record_published(self, published: list[TaskInstance], held: list[Held],
-                          now: float) -> None:
+                          now: float, sent_to: Mapping[str, str]) -> None:
         with self.store.transaction():
             # runs first, as every transaction here does: updating these rows without their
             # run's lock could deadlock with another scheduler's batch of events holding the
             # lock and one of them (found by the two-scheduler test)
             for run_id in sorted({ti.run_id for ti in [*published, *holding_tis(held)]}):
                 self.runs.lock(run_id)
-            self.tis.mark_published(published, now=now, start_grace=self.start_grace)
+            self.tis.mark_published(published, now=now, start_grace=self.start_grace,
+                                    sent_to=sent_to)
             self.pins.hold(held)
 
     def _submit(self, name: str, works: list[Workload]

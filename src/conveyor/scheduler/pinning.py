@@ -15,9 +15,14 @@ has waited `pin_timeout` seconds since it was queued, policy `newest` publishes 
 own queue, where any worker (the newest) takes it; `wait` keeps waiting.
 
 A message already in `<queue>@<version>` when its last worker of that version goes away
-is not taken back: its queued timeout (or heartbeat timeout, if it was running) fails the
-attempt as for any lost worker, and its retry is routed again here. Pinning applies to the
-queue executor (the local and Kubernetes executors choose no worker).
+is *stranded*: no worker may take it, and on RabbitMQ its queue expires once unused
+(`x-expires`, broker/rabbitmq/ladder.py). At its deadline to start (queued_timeout + the
+start grace), when the message is past its `expires` and no worker will run it any more,
+the scheduler sends it again (`stranded`): the next attempt, not charged to the task's
+retries, routed here afresh (held, or moved on by the policy). A version's worker that
+comes back meanwhile runs it; one that comes back later acks it unrun (an old attempt).
+One that was running is its heartbeat timeout's, as for any lost worker. Pinning applies
+to the queue executor (the local and Kubernetes executors choose no worker).
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.events import Event
-from conveyor.kinds import pinned_queue
 from conveyor.state.monitoring import Workers
 from conveyor.state.records import TaskInstance
 from conveyor.state.runs import Runs
@@ -75,8 +79,9 @@ class Pins:
 
     def route(self, tis: Sequence[TaskInstance], now: float
               ) -> tuple[dict[str, str], list[Held]]:
-        """The queue each pinned task goes to (by ti id; absent: its own), and those held.
-        No query for a batch without a pinned task (the common case)."""
+        """The code version each pinned task is sent to, `<queue>@<it>` (by ti id; absent:
+        its own queue), and those held. No query for a batch without a pinned task (the
+        common case)."""
         pinned = [ti for ti in tis if ti.spec.get("pin") and ti.executor == "queue"]
         if not pinned:
             return {}, []
@@ -89,7 +94,7 @@ class Pins:
             if not version:
                 continue           # no task of its run started yet: nothing to pin it to
             if ti.queue in live.get(version, ()):
-                routes[ti.ti_id] = pinned_queue(ti.queue, version)
+                routes[ti.ti_id] = version
             elif (waited := now - (ti.queued_at or now)) >= ti.spec["pin"]["timeout"] and \
                     ti.spec["pin"]["policy"] == "newest":
                 log.warning("task %s of run %s: no worker of code version %s for %.0f s: "
@@ -102,6 +107,15 @@ class Pins:
                              ti.run_id, version, ti.queue)
                 held.append(Held(ti, version, now + RECHECK))
         return routes, held
+
+    def stranded(self, ti: TaskInstance, now: float) -> str:
+        """The version a published attempt was sent to when no live worker of it serves its
+        queue any more ('': not sent to a version's queue, or one still serves it)."""
+        version = ti.waiting_for or ""
+        if not version or ti.published_at is None or ti.state != "queued":
+            return ""
+        live = Workers(self.store).live_versions(now)
+        return "" if ti.queue in live.get(version, ()) else version
 
     def hold(self, held: Sequence[Held]) -> None:
         """Record the holds (in the caller's transaction, the runs locked)."""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from conveyor.broker import Depth, Inspector
+from conveyor.kinds import pinned_queue
 from conveyor.state.monitoring import QueueSamples, Workers
 from conveyor.state.records import WorkerRecord
 from conveyor.state.tasks import TaskInstances
@@ -44,10 +45,15 @@ RECENT_RUNS = 200
 
 def queues_to_sample(store: Store, always: Sequence[str]) -> list[str]:
     """`always`, then the queues registered workers serve and recent runs' tasks name
-    (`conveyor status` and the dashboard show these too, and the Celery rejects)."""
+    (`conveyor status` and the dashboard show these too, and the Celery rejects). A worker
+    announcing a code version also serves `<queue>@<version>` for each of its queues, and
+    a pinned task names the one it went to: a backlog pinned to an old version shows."""
     found = list(always)
     for worker in Workers(store).all():
-        found += worker.queues.split(",")
+        queues = worker.queues.split(",")
+        found += queues
+        if worker.code_version:
+            found += [pinned_queue(q, worker.code_version) for q in queues if q]
     found += TaskInstances(store).queues_in_use(RECENT_RUNS)
     return list(dict.fromkeys(q for q in found if q))
 

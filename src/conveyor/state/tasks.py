@@ -9,7 +9,7 @@ nothing and gets False. Claims record which scheduler claimed an attempt for pub
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from conveyor.state.records import Attempt, Due, TaskInstance, Transition
 from conveyor.state.store import Repository, Row
@@ -135,11 +135,20 @@ class TaskInstances(Repository):
             for ti, version, at in held])
 
     def mark_published(self, tis: Sequence[TaskInstance], *, now: float,
-                       start_grace: float) -> None:
-        """Record the publish of these attempts: their deadline to start runs from now."""
+                       start_grace: float, sent_to: Mapping[str, str] | None = None) -> None:
+        """Record the publish of these attempts: their deadline to start runs from now;
+        `sent_to`: the code version of the `<queue>@<version>` each pinned one went to."""
+        versions = sent_to or {}
         self.store.exec_many("mark_published", [
-            {"ti_id": ti.ti_id, "attempt": ti.attempt, "now": now, "start_grace": start_grace}
-            for ti in tis])
+            {"ti_id": ti.ti_id, "attempt": ti.attempt, "now": now, "start_grace": start_grace,
+             "sent_to": versions.get(ti.ti_id)} for ti in tis])
+
+    def send_again(self, *, ti_id: str, attempt: int, now: float, scheduler: str,
+                   lease: float) -> list[TaskInstance]:
+        """The next attempt of one stranded in a gone version's queue, not charged to its
+        retries, claimed for publishing (see the query)."""
+        return _tis(self.store.rows("ti_send_again", ti_id=ti_id, attempt=attempt, now=now,
+                                    scheduler=scheduler, lease=lease))
 
     # -- what workers report ----------------------------------------------------------------
 

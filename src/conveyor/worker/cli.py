@@ -116,18 +116,18 @@ def _served_metrics(port_number: int) -> Metrics:
 
 def _announce_code_version(args: argparse.Namespace) -> str:
     """The version this worker announces and serves `<queue>@<it>` for: the one given
-    (--code-version), else none. A derived one (git revision, source hash) is only logged:
-    it changes with every build, and on RabbitMQ each version served is a family of durable
-    queues left behind when its workers stop, so serving one is an operator's choice."""
+    (--code-version), else the one derived from its app (git revision, source hash); none
+    with `--code-version none`, or without an app. On RabbitMQ those queues expire once
+    unused (`pinned_queue_expires`), so a version of every build costs nothing lasting."""
     log = logging.getLogger("conveyor.worker")
-    if args.code_version:
-        log.info("code version %s (runs pinned to their code can use this worker)",
-                 args.code_version)
-        return str(args.code_version)
-    log.info("code version %s derived from the app; not announced: give --code-version "
-             "(CONVEYOR_CODE_VERSION) for runs pinned to their code to use this worker",
-             code_version.derive(args.app))
-    return ""
+    version = code_version.announced(str(args.code_version or ""), args.app)
+    if version:
+        log.info("code version %s (%s; runs pinned to their code can use this worker)",
+                 version, "given" if args.code_version else "derived from the app")
+    elif args.code_version == code_version.OFF:
+        log.info("no code version announced (--code-version none): runs pinned to their "
+                 "code do not use this worker")
+    return version
 
 
 def _run_worker(args: argparse.Namespace, uid: int | None, gid: int | None,

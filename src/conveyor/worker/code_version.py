@@ -1,5 +1,9 @@
 """What code a worker runs, as one short name: `conveyor worker --code-version`, or derived.
 
+Every worker announces one (registry, `started` events) and serves `<queue>@<version>`
+beside each of its queues, unless given `--code-version none` (`OFF`): then it announces
+none and runs pinned to it are not pinned.
+
 A run pinned to its code (`DAG(pin_code=True)`, README "Runs pinned to their code") sends
 its later tasks only to workers announcing the version its first task ran on, so the name
 must change when the tasks' code does and stay equal across workers of one deploy. Derived
@@ -9,7 +13,7 @@ without running anything (a worker starts in milliseconds, `git` may be absent):
   from `.git/HEAD` and the ref it names (loose or packed; a worktree's `.git` file too);
 * else a hash of the app modules' source files (a package: every `.py` file under it), so
   two hosts with the same installed code agree;
-* `unversioned` for a worker with no app at all (it runs commands only).
+* none ('') for a worker with no app at all (it runs commands only: no code of its own).
 
 An uncommitted edit in a checkout does not change its revision: give `--code-version`
 where that matters.
@@ -24,17 +28,27 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-UNVERSIONED = "unversioned"
+#: `--code-version none`: announce no version, serve no `<queue>@<version>`.
+OFF = "none"
+
+
+def announced(given: str, apps: Sequence[str]) -> str:
+    """The version a worker announces: `given` (`--code-version`), none for `OFF`, else the
+    one derived from `apps`."""
+    if given == OFF:
+        return ""
+    return given or derive(apps)
 
 
 def derive(apps: Sequence[str]) -> str:
-    """The version of the code `apps` (module names or DAG file paths) load; see above."""
+    """The version of the code `apps` (module names or DAG file paths) load; see above
+    ('': no app with a source file)."""
     files = [f for f in (_source_of(app) for app in apps) if f is not None]
     for file in files:
         revision = git_revision(file.parent)
         if revision:
             return revision
-    return source_hash(files) if files else UNVERSIONED
+    return source_hash(files) if files else ""
 
 
 def git_revision(start: Path) -> str:

@@ -283,9 +283,10 @@ class RabbitMQConnection(Broker):
         if queue in self._declared:
             return
         validate_queue_name(queue)
-        self._declare_queue(dead_queue(queue), dead_arguments())
+        expires = self.settings.pinned_queue_expires
+        self._declare_queue(dead_queue(queue), dead_arguments(queue, expires))
         arguments = queue_arguments(queue, self.settings.delivery_limit,
-                                    self.settings.consumer_timeout)
+                                    self.settings.consumer_timeout, expires)
         for name in bands_high_first(queue):
             self._declare_queue(name, arguments)  # dead letters of every band: <queue>.dead
         self._declared.add(queue)
@@ -313,7 +314,8 @@ class RabbitMQConnection(Broker):
             if key in self._declared or (key.startswith("bind") and target == queue):
                 continue
             if target == queue:
-                self._declare_queue(name, level_arguments(queue, level))
+                self._declare_queue(name, level_arguments(
+                    queue, level, self.settings.pinned_queue_expires))
                 self._levels.setdefault(queue, set()).add(level)
             self._channel("admin").queue_bind(name, level_exchange(level),
                                               routing_key=level_pattern(

@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 from conveyor.errors import BrokerError
+from conveyor.kinds import is_pinned_queue
 
 #: The delay ladder: level k waits DELAY_UNIT_MS * 2**k; the top level's TTL fits 2**32 ms.
 DELAY_UNIT_MS = 250
@@ -80,27 +81,40 @@ def set_levels(units: int) -> list[int]:
     return [k for k in range(units.bit_length()) if units >> k & 1]
 
 
-def queue_arguments(queue: str, delivery_limit: int, consumer_timeout: float) -> dict[str, Any]:
+def queue_arguments(queue: str, delivery_limit: int, consumer_timeout: float,
+                    expires: float = 0.0) -> dict[str, Any]:
     return {"x-queue-type": "quorum", "x-delivery-limit": delivery_limit,
             "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead_queue(queue),
             "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
-            "x-consumer-timeout": int(consumer_timeout * 1000)}
+            "x-consumer-timeout": int(consumer_timeout * 1000), **expiry(queue, expires)}
 
 
-def dead_arguments() -> dict[str, Any]:
+def dead_arguments(queue: str = "", expires: float = 0.0) -> dict[str, Any]:
     # Browsing returns dead letters with a nack, which counts as a delivery: RabbitMQ 4 caps
     # quorum queues at 20 by default, so lift the cap explicitly (harmless on 3.x).
-    return {"x-queue-type": "quorum", "x-delivery-limit": 2**31 - 1}
+    return {"x-queue-type": "quorum", "x-delivery-limit": 2**31 - 1,
+            **expiry(queue, expires)}
 
 
-def level_arguments(queue: str, level: int) -> dict[str, Any]:
+def level_arguments(queue: str, level: int, expires: float = 0.0) -> dict[str, Any]:
     args: dict[str, Any] = {
         "x-queue-type": "quorum", "x-message-ttl": DELAY_UNIT_MS << level,
         "x-dead-letter-exchange": level_exchange(level - 1) if level else "",
-        "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+        "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+        **expiry(queue, expires)}
     if level == 0:
         args["x-dead-letter-routing-key"] = queue
     return args
+
+
+def expiry(queue: str, expires: float) -> dict[str, Any]:
+    """`x-expires` for the queues of a per-version queue (`<queue>@<version>`, README "Runs
+    pinned to their code"): RabbitMQ deletes each once it has had no consumer for `expires`
+    seconds, so the versions of past deploys leave nothing behind. Whatever one held then
+    is lost with it, and the scheduler publishes that attempt again (pinning.py). Every
+    other queue never expires."""
+    return {"x-expires": int(expires * 1000)} if expires > 0 and is_pinned_queue(queue) \
+        else {}
 
 
 def validate_queue_name(queue: str) -> None:

@@ -1,7 +1,8 @@
 """The `amqp://` URL: pika's connection parameters plus Conveyor's own query options.
 
 pika rejects query options it does not know, so Conveyor's (`management`, `delivery_limit`,
-`consumer_timeout`, `retry_seconds`) are split off before pika parses the rest.
+`consumer_timeout`, `pinned_queue_expires`, `retry_seconds`) are split off before pika
+parses the rest.
 
 **A cluster.** The URL may name several nodes of one cluster, comma-separated:
 `amqp://u:p@h1:5672,h2:5673,h3/vhost` (a host without a port gets the scheme's default). They
@@ -25,6 +26,9 @@ from conveyor.locations import redact
 
 DEFAULT_DELIVERY_LIMIT = 25
 DEFAULT_CONSUMER_TIMEOUT = 3600.0
+#: Seconds a per-version queue (`<queue>@<version>`) lives without a consumer: longer than a
+#: DAG task's default queued_timeout (600 s), so a version's workers restarting keep theirs.
+DEFAULT_PINNED_QUEUE_EXPIRES = 3600.0
 
 
 @dataclass(frozen=True)
@@ -39,13 +43,17 @@ class RabbitMQSettings:
     delivery_limit: int
     consumer_timeout: float
     retry_seconds: float
+    #: seconds a `<queue>@<version>` queue (and its bands, dead letters, delay levels) lives
+    #: unused before RabbitMQ deletes it (`x-expires`; ladder.expiry)
+    pinned_queue_expires: float = DEFAULT_PINNED_QUEUE_EXPIRES
     #: every node the URL names, in its order (one for a single host)
     hosts: tuple[pika.URLParameters, ...] = ()
     #: each host as `host:port`, for logs and errors
     host_names: tuple[str, ...] = ()
 
 
-OPTIONS = ("management", "delivery_limit", "consumer_timeout", RETRY_OPTION,
+OPTIONS = ("management", "delivery_limit", "consumer_timeout", "pinned_queue_expires",
+           RETRY_OPTION,
            DEPRECATED_RETRY_OPTION)
 
 
@@ -79,6 +87,8 @@ def parse_url(url: str) -> RabbitMQSettings:
                                            url)),
         consumer_timeout=positive_option(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT,
                                          url),
+        pinned_queue_expires=positive_option(ours, "pinned_queue_expires",
+                                             DEFAULT_PINNED_QUEUE_EXPIRES, url),
         retry_seconds=retry_seconds(ours, url), hosts=hosts,
         host_names=tuple(f"{bracket(h.host)}:{h.port}" for h in hosts))
 

@@ -274,7 +274,7 @@ RETURNING task_id;
 -- name: claim_due_retries
 UPDATE conveyor_task_instances
    SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
-       started_at = NULL, heartbeat_at = NULL, ended_at = NULL, hostname = NULL, pid = NULL,
+       waiting_for = NULL, started_at = NULL, heartbeat_at = NULL, ended_at = NULL, hostname = NULL, pid = NULL,
        claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
  WHERE ti_id IN (SELECT ti_id FROM conveyor_task_instances
                   WHERE state = 'up_for_retry' AND deadline <= %(now)s
@@ -303,9 +303,25 @@ RETURNING *;
 -- published with a fresh deadline, as the redelivery itself would have run it.
 UPDATE conveyor_task_instances
    SET state = 'queued', queued_at = %(now)s, published_at = NULL, started_at = NULL,
-       heartbeat_at = NULL, hostname = NULL, pid = NULL, claimed_by = %(scheduler)s,
+       heartbeat_at = NULL, hostname = NULL, pid = NULL, waiting_for = NULL,
+       claimed_by = %(scheduler)s,
        deadline = %(now)s + %(lease)s
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'running'
+RETURNING *;
+
+-- name: ti_send_again
+-- A published attempt of a pinned run past its deadline to start, sent to `<queue>@<version>`
+-- when no live worker of that version is left: its message can no longer run (a worker acks
+-- it unrun), and may be gone with its queue (RabbitMQ's x-expires). The next attempt, queued
+-- to be routed again and not charged to the task's retries (`max_attempts` + 1); `queued_at`
+-- kept, so pin_timeout counts from the first queueing.
+UPDATE conveyor_task_instances
+   SET attempt = attempt + 1, tries = COALESCE(tries, max_attempts),
+       max_attempts = max_attempts + 1, published_at = NULL, started_at = NULL,
+       heartbeat_at = NULL, hostname = NULL, pid = NULL, waiting_for = NULL,
+       claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued'
+   AND published_at IS NOT NULL
 RETURNING *;
 
 -- name: wait_for_claimer
@@ -320,9 +336,12 @@ UPDATE conveyor_task_instances
                   AND s.lease_until > %(now)s);
 
 -- name: mark_published
+-- Published: its deadline to start runs from now. `waiting_for` now names the code version
+-- whose `<queue>@<version>` it was sent to (NULL: its own queue), for the scheduler to send
+-- it again should that version's workers all be gone at its deadline (pinning.py).
 UPDATE conveyor_task_instances
    SET published_at = %(now)s, deadline = %(now)s + queued_timeout + %(start_grace)s,
-       waiting_for = NULL
+       waiting_for = %(sent_to)s
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued' AND published_at IS NULL;
 
 -- name: due
@@ -500,9 +519,15 @@ SELECT * FROM conveyor_task_instances WHERE run_id = %(run_id)s AND task_id = %(
 SELECT * FROM conveyor_attempts WHERE ti_id = %(ti_id)s ORDER BY attempt;
 
 -- name: queues_in_use
--- Queues named by task instances of recent runs, for `conveyor status`.
-SELECT DISTINCT queue FROM conveyor_task_instances
- WHERE run_id IN (SELECT run_id FROM conveyor_runs ORDER BY created_at DESC LIMIT %(limit)s);
+-- Queues named by task instances of recent runs, for `conveyor status`, and the
+-- `<queue>@<version>` queues their pinned tasks were sent to or wait for (`waiting_for`): a
+-- backlog left in a gone version's queue shows there.
+SELECT queue FROM conveyor_task_instances
+ WHERE run_id IN (SELECT run_id FROM conveyor_runs ORDER BY created_at DESC LIMIT %(limit)s)
+UNION
+SELECT queue || '@' || waiting_for FROM conveyor_task_instances
+ WHERE waiting_for IS NOT NULL
+   AND run_id IN (SELECT run_id FROM conveyor_runs ORDER BY created_at DESC LIMIT %(limit)s);
 
 -- name: migration_0004
 -- Task results (`handle.result()`): one final record per message, kept until expires_at.
@@ -577,7 +602,7 @@ UPDATE conveyor_task_instances
        max_attempts = attempt + COALESCE(tries, max_attempts), queued_at = NULL,
        published_at = NULL, started_at = NULL, ended_at = NULL, heartbeat_at = NULL,
        deadline = NULL, next_retry_at = NULL, hostname = NULL, pid = NULL, error = NULL,
-       result = NULL
+       result = NULL, waiting_for = NULL
  WHERE ti_id = %(ti_id)s AND state NOT IN ('queued', 'running');
 
 -- name: ti_mark
