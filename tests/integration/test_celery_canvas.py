@@ -148,7 +148,8 @@ def test_a_refused_canvas_message_is_rejected_not_run() -> None:
 
 def test_a_canvas_delivered_again_makes_one_run(unique: str, tmp_path: Path) -> None:
     """The outcome loop creates a run, then acks: a crash in between delivers the canvas
-    again (or a chord member twice), and the run it made is found, not made again."""
+    again (or a chord member twice), and the run it made is found, not made again. A
+    chord member that comes before its group's size is kept until the rest come."""
     from conveyor.celery_intake.canvas_runs import CanvasRuns
     from conveyor.celery_intake.conversion import CeleryMessage
     from conveyor.celery_intake.run_results import RunResults
@@ -170,9 +171,12 @@ def test_a_canvas_delivered_again_makes_one_run(unique: str, tmp_path: Path) -> 
                        group_index=i) for i in (1, 0)]
     client = redis.Redis.from_url(REDIS_URL)
     try:
-        client.set(SIZE_KEY.format(group=f"{unique}-g"), 2, ex=600)
         made = [canvas.start(chained), canvas.start(chained)]
-        joined = [canvas.start(m) for m in (members[0], members[0], members[1], members[1])]
+        # Celery writes the group's size just before it sends the last member: one that
+        # comes before it waits for the rest, as in Celery's own join
+        joined = [canvas.start(members[0])]
+        client.set(SIZE_KEY.format(group=f"{unique}-g"), 2, ex=600)
+        joined += [canvas.start(m) for m in (members[0], members[1], members[1])]
         store = state_store(state_url)
         try:
             rows = list(store.rows("recent_runs", dag_id="", state="", limit=10))
@@ -263,8 +267,10 @@ def test_a_redelivered_outcome_publishes_each_follow_up_once(unique: str) -> Non
                               GROUP: group_id, GROUP_INDEX: str(i)}) for i in (1, 0)]
     redis_client = redis.Redis.from_url(REDIS_URL)
     try:
+        for event in (step, step, members[0]):   # a member before the size: it waits
+            follower.follow(event, {"status": "SUCCESS", "result": event.result})
         redis_client.set(SIZE_KEY.format(group=group_id), 2, ex=600)
-        for event in (step, step, members[0], members[0], members[1], members[1]):
+        for event in (members[0], members[1], members[1]):
             follower.follow(event, {"status": "SUCCESS", "result": event.result})
         published = drain(broker_url, intake_queue(queue))
     finally:

@@ -48,7 +48,6 @@ from conveyor.celery_intake.canvas_embed import (
     CHORD,
     GROUP,
     GROUP_INDEX,
-    CanvasRefused,
 )
 from conveyor.celery_intake.conversion import JSON_TYPE, Accepted, CeleryMessage, convert
 from conveyor.celery_intake.feed import publication
@@ -127,14 +126,8 @@ class Follower:
         part = json.dumps({"id": headers.get("celery_id", ""), "status": document["status"],
                            "result": document.get("result")})
         callback = body["options"]["task_id"]
-        try:
-            parts = self.backend.call(lambda client: _join(client, group,
-                                                           int(headers[GROUP_INDEX]), part))
-        except CanvasRefused as exc:
-            log.warning("Celery chord callback %s cannot run: %s", callback, exc)
-            self.backend.store(meta(callback, "FAILURE", exception(
-                "ChordError", str(exc), "celery.exceptions")))
-            return
+        parts = self.backend.call(lambda client: join(
+            client, JOIN_KEY.format(group=group), group, int(headers[GROUP_INDEX]), part))
         if parts is None:
             return
         failed = [p for p in parts if p["status"] != "SUCCESS"]
@@ -146,21 +139,22 @@ class Follower:
         self.publish(raw, unique_key(raw.task_id))
 
 
-def _join(client: redis.Redis, group: str, index: int, part: str) -> list[dict[str, Any]] | None:
-    """Record one member's outcome (once per member); every member's, in group order, when
-    this completed the group, else None. The size is what the producer wrote."""
-    key = JOIN_KEY.format(group=group)
+def join(client: redis.Redis, key: str, group: str, index: int, part: str) -> list[Any] | None:
+    """Record one member's `part` (JSON) in hash `key`, once per member; every member's, in
+    group order, when this completed the group, else None.
+
+    The size is what the producer wrote, and Celery writes it just before it sends the
+    group's last member: members that end (or arrive) before it was written only count
+    (as in Celery's own join), and the last member, or whichever comes after, completes
+    it. A producer whose size never reaches this Redis (another result backend) leaves the
+    chord waiting, as a Celery worker would."""
     with client.pipeline() as pipe:
         pipe.hsetnx(key, str(index), part)
         pipe.expire(key, KEPT)
         pipe.hlen(key)
         pipe.get(SIZE_KEY.format(group=group))
         _, _, count, size = pipe.execute()
-    if size is None:
-        raise CanvasRefused(f"chord group {group}: its size is not in the result backend "
-                            f"({SIZE_KEY.format(group=group)}): is the producer's "
-                            "result_backend the intake's --celery-result-backend?")
-    if int(count) < int(size):
+    if size is None or int(count) < int(size):
         return None
     found = client.hgetall(key)
     return [json.loads(found[k]) for k in sorted(found, key=int)]

@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 
+from conveyor.celery_intake.canvas import join
 from conveyor.celery_intake.canvas_embed import CanvasRefused
 from conveyor.celery_intake.canvas_plan import plan_of
 from conveyor.celery_intake.conversion import CeleryMessage, arguments
@@ -47,7 +48,6 @@ KEPT = 86400
 #: members kept so far.
 START_KEY = "start:{key}"
 MEMBERS_KEY = "members:{group}"
-SIZE_KEY = "celery-taskset-meta-{group}.s"
 
 
 class CanvasRuns:
@@ -71,8 +71,8 @@ class CanvasRuns:
         args, kwargs, embed = arguments(raw)
         found = plan_of(raw.task_name, raw.task_id, raw.queue, raw.headers, args, kwargs, embed,
                         lambda group_id, index, member: self.backend.call(
-                            lambda client: _join(client, self.watcher.prefix, group_id, index,
-                                                 member)))
+                            lambda client: join(client, self.watcher.prefix + MEMBERS_KEY.format(
+                                group=group_id), group_id, index, json.dumps(member))))
         if found is None:
             return None
         made, key = found
@@ -115,26 +115,6 @@ class CanvasRuns:
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
-
-
-def _join(client: redis.Redis, prefix: str, group: str, index: int, member: list[Any]
-          ) -> list[list[Any]] | None:
-    """Keep one member (once); every member, in group order, once all are kept."""
-    key = prefix + MEMBERS_KEY.format(group=group)
-    with client.pipeline() as pipe:
-        pipe.hsetnx(key, str(index), json.dumps(member))
-        pipe.expire(key, KEPT)
-        pipe.hlen(key)
-        pipe.get(SIZE_KEY.format(group=group))
-        _, _, count, size = pipe.execute()
-    if size is None:
-        raise CanvasRefused(f"chord group {group}: its size is not in the result backend "
-                            f"({SIZE_KEY.format(group=group)}): is the producer's "
-                            "result_backend the intake's --celery-result-backend?")
-    if int(count) < int(size):
-        return None
-    found = client.hgetall(key)
-    return [json.loads(found[k]) for k in sorted(found, key=int)]
 
 
 def task_ids(value: Any) -> list[str]:
