@@ -124,3 +124,20 @@ def test_a_publish_the_replicas_do_not_confirm_raises(url: str, unique: str) -> 
         with pytest.raises(NotConfirmed):
             broker.publish_many([Publication(unique, b"again")])
         assert broker.depth(unique).ready == 2   # on the primary, only not confirmed
+
+
+def test_a_durable_result_waits_for_the_replica(url: str) -> None:
+    record = ResultRecord(status="succeeded", value=1, finished_at=time.time())
+    store = results.from_url(f"{url}&wait_replicas=1&wait_timeout_ms=5000")
+    try:
+        assert store.put("kept", record, ttl=60)
+        assert not store.put("kept", record, ttl=60)   # first write wins, as ever
+    finally:
+        store.close()
+    store = results.from_url(f"{url}&wait_replicas=2&wait_timeout_ms=50")
+    try:
+        with pytest.raises(NotConfirmed):
+            store.put("unconfirmed", record, ttl=60)
+        assert store.get("unconfirmed") is not None   # on the primary, only not confirmed
+    finally:
+        store.close()

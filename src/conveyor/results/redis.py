@@ -4,6 +4,11 @@
 key's own channel. `wait` subscribes to that channel first and reads the key second, so a
 record stored between the two is never missed, then sleeps in the socket until the publish.
 Keys are `<prefix>:r:<message id>`, under the broker URL's `?prefix=`.
+
+Durable mode (the URL's `?wait_replicas=N`, `redis_clients.Durable`): `put` is the same two
+commands in one script, then `WAIT` on the same connection (a pipeline); a record the
+replicas did not confirm raises NotConfirmed, and the worker requeues the message rather
+than ack it (its rerun finds the record kept: first write wins).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from redis.exceptions import InvalidResponse
 
 from conveyor import redis_clients, refusals
 from conveyor.broker.redis import parse_url
-from conveyor.errors import BrokerError
+from conveyor.errors import BrokerError, NotConfirmed
 from conveyor.locations import redact
 from conveyor.results.base import ResultRecord, ResultStore
 
@@ -25,17 +30,31 @@ from conveyor.results.base import ResultRecord, ResultStore
 FAILED_CONTACT = (redis.ConnectionError, InvalidResponse)
 
 
+#: `put` in the durable mode: the MULTI's two commands as one script, so that the WAIT
+#: after it can share its pipeline (a WAIT inside a MULTI would not wait).
+PUT = """
+local stored = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+redis.call('PUBLISH', KEYS[1], '1')
+if stored then return 1 end
+return 0
+"""
+
+
 class RedisResults(ResultStore):
     def __init__(self, url: str) -> None:
         address, self.prefix, _ = parse_url(url)
         self._url = url
         self._client = redis_clients.connect(address, socket_connect_timeout=10)
+        self._durable = redis_clients.durable(url)
+        self._put = self._client.register_script(PUT)
 
     def _key(self, message_id: str) -> str:
         return f"{self.prefix}:r:{message_id}"
 
     def put(self, message_id: str, record: ResultRecord, ttl: float) -> bool:
         key = self._key(message_id)
+        if self._durable is not None:
+            return self._put_durably(key, record, ttl)
         try:
             with self._client.pipeline(transaction=True) as pipe:
                 pipe.set(key, record.encode(), nx=True, px=max(1, math.ceil(ttl * 1000)))
@@ -43,6 +62,22 @@ class RedisResults(ResultStore):
                 stored, _ = pipe.execute()
         except FAILED_CONTACT as exc:
             raise self._failed(exc) from None
+        return bool(stored)
+
+    def _put_durably(self, key: str, record: ResultRecord, ttl: float) -> bool:
+        """`put`, then WAIT for the replicas on the same connection."""
+        assert self._durable is not None
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                self._put(keys=[key], args=[record.encode(), max(1, math.ceil(ttl * 1000))],
+                          client=pipe)
+                pipe.execute_command(*self._durable.command())
+                stored, acked = pipe.execute()
+        except FAILED_CONTACT as exc:
+            raise self._failed(exc) from None
+        short = self._durable.shortfall(acked, f"result {key}", redact(self._url))
+        if short is not None:
+            raise NotConfirmed(short)
         return bool(stored)
 
     def get(self, message_id: str) -> ResultRecord | None:
