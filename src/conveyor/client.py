@@ -177,7 +177,8 @@ class Client:
     def touch_asset(self, uri: str, extra: Mapping[str, Any] | None = None) -> int:
         """Record an event of asset `uri` from outside a DAG (`conveyor assets touch`): the
         DAGs scheduled on it count it as a producing task's; the event's id."""
-        return self._record_event(uri, extra, None)[0]
+        from conveyor.state.assets import asset_uri
+        return self._record_event(asset_uri(uri), extra, None)[0]
 
     def send_event(self, name: str, payload: Mapping[str, Any] | None = None, *,
                    dedupe_key: str | None = None) -> tuple[int, bool]:

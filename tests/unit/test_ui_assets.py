@@ -73,6 +73,8 @@ def test_refusals(ui: Dashboard) -> None:
     assert call(ui, "POST", "/api/events/x", {}, token="guess")[0] == 403
     status, doc = call(ui, "POST", "/api/assets/touch", {"extra": {}})
     assert status == 400 and "URI" in doc["error"]
+    status, doc = call(ui, "POST", "/api/assets/touch", {"uri": "event:invoice.paid"})
+    assert status == 400 and "events send invoice.paid" in doc["error"]
     status, doc = call(ui, "POST", "/api/events/x", {"payload": "[1"})
     assert status == 400 and "not JSON" in doc["error"]
     assert ui.handle(Request("GET", "/api/asset", query={"uri": "nowhere"},

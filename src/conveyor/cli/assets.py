@@ -19,7 +19,7 @@ from conveyor.readers.assets import asset_doc, asset_rows
 from conveyor.scheduler import daemon as daemons
 from conveyor.scheduler.cli import common_flags, config_from
 from conveyor.state import store as stores
-from conveyor.state.assets import event_key, record_event
+from conveyor.state.assets import asset_uri, event_key, record_event
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,7 +83,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_touch(args: argparse.Namespace) -> int:
-    return _record(args, args.uri, args.extra, None)
+    return _record(args, asset_uri(args.uri), args.extra, None)
 
 
 def run_send(args: argparse.Namespace) -> int:

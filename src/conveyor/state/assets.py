@@ -8,16 +8,32 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.errors import ConfigError
 from conveyor.state.store import Repository, Row, Store
 
 #: The key a named event is recorded under, beside asset URIs (scheduler/assets.py's
 #: EVENT_PREFIX: kept equal by a test; this layer cannot import the scheduler's).
 EVENT_PREFIX = "event:"
+#: Longest asset URI (scheduler/assets.py's MAX_KEY).
+MAX_URI = 1000
 
 
 def event_key(name: str) -> str:
     """The key an event named `name` is recorded under."""
     return EVENT_PREFIX + name
+
+
+def asset_uri(uri: str) -> str:
+    """`uri` as an asset touched from outside may name it, or a ConfigError saying why not
+    (an `event:` URI is a named event's: those are sent, with their dedupe keys)."""
+    uri = uri.strip()
+    if not uri or len(uri) > MAX_URI:
+        raise ConfigError(f"asset URI {uri!r} must be 1-{MAX_URI} characters, e.g. "
+                          "s3://lake/orders")
+    if uri.startswith(EVENT_PREFIX):
+        raise ConfigError(f"{uri!r} names an event, not an asset: send it with `conveyor "
+                          f"events send {uri[len(EVENT_PREFIX):]}` (Client.send_event)")
+    return uri
 
 
 def record_event(store: Store, uri: str, extra: Mapping[str, Any], now: float, *,

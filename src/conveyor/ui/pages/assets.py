@@ -8,9 +8,10 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from conveyor.errors import ConfigError
 from conveyor.readers.assets import asset_doc, asset_rows
 from conveyor.scheduler import daemon as daemons
-from conveyor.state.assets import event_key, record_event
+from conveyor.state.assets import asset_uri, event_key, record_event
 from conveyor.ui.html import e, seg, table, url
 from conveyor.ui.http import HttpError, Request, Response, json_object
 
@@ -70,9 +71,10 @@ def touch(ui: Dashboard, request: Request) -> Response:
     """Record an update of an asset made outside a DAG; body: {"uri": "...", "extra":
     {...}} (extra optional)."""
     form = request.form()
-    uri = str(form.get("uri") or "").strip()
-    if not uri:
-        raise HttpError(400, 'give the asset\'s URI: {"uri": "s3://lake/orders"}')
+    try:
+        uri = asset_uri(str(form.get("uri") or ""))
+    except ConfigError as exc:
+        raise HttpError(400, f'{exc} (body: {{"uri": "s3://lake/orders"}})') from None
     return _record(ui, uri, json_object(form.get("extra"), "extra"), None)
 
 
