@@ -18,6 +18,7 @@ from conveyor.scheduler import DAG
 from conveyor.scheduler.config import SchedulerConfig
 from conveyor.scheduler.engine import Engine
 from conveyor.scheduler.errors import DagError
+from conveyor.scheduler.operations import clear
 from conveyor.scheduler.runs import create_run
 from conveyor.scheduler.sampler import queues_to_sample
 from conveyor.state.monitoring import Workers
@@ -162,6 +163,30 @@ def test_status_and_the_sampler_see_the_queues_of_each_version(store: Store) -> 
         "default", "heavy", "default@v2", "heavy@v2", "default@v1"]
     shown = collect(store, None, [], 5, now)
     assert "default@v1" in [q["queue"] for q in shown["queues"]]
+
+
+def test_a_cleared_task_runs_on_its_runs_version_unless_moved_to_the_latest(
+        store: Store) -> None:
+    """As a cleared Airflow 3 task runs its run's DAG version: `tasks clear` keeps the
+    run's code version; `--latest-code` moves it to the newest live worker's."""
+    now = time.time()
+    worker(store, "v1", now)
+    engine, sent, run_id = started_first(store, pair(), now)
+    engine.handle(event(sent.pop("second"), "succeeded", now), now)
+    assert store.one("run", run_id=run_id)["state"] == "success"
+    with store.transaction():
+        Workers(store).beat(worker_id="w-v2", hostname="host-v2", pid=2, queues="default",
+                            concurrency=1, interval=10.0, started_at=now + 5, busy=0,
+                            now=now + 5, runners=None, code_version="v2")
+    assert clear(store, run_id, "second", now + 6) == ["second"]
+    engine.tick(now + 6)
+    again = sent.pop("second")
+    assert again.message.queue == "default@v1"      # kept
+    engine.handle(event(again, "succeeded", now + 7), now + 7)
+    clear(store, run_id, "second", now + 8, latest_code=True)
+    assert store.one("run", run_id=run_id)["code_version"] == "v2"
+    engine.tick(now + 8)
+    assert sent.pop("second").message.queue == "default@v2"      # moved on
 
 
 def test_a_dag_refuses_an_unknown_pin_policy_or_a_negative_timeout() -> None:

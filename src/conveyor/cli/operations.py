@@ -58,6 +58,9 @@ def register_tasks(tasks: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("run_id", help="run id (from `runs list`)")
     p.add_argument("task_id", help="task id within the run's DAG")
     p.add_argument("--only", action="store_true", help="this task only, not its downstream")
+    p.add_argument("--latest-code", action="store_true",
+                   help="a run pinned to its code moves to the newest live worker's code "
+                   "version (default: its tasks run again on the version it recorded)")
     index_flag(p)
     common_flags(p, dags=False)
     p.set_defaults(run=run_clear)
@@ -131,7 +134,7 @@ def run_clear(args: argparse.Namespace) -> int:
     store = stores.from_url(config.settings.state_url)
     try:
         cleared = operations.clear(store, args.run_id, task_named(args), time.time(),
-                                   downstream=not args.only)
+                                   downstream=not args.only, latest_code=args.latest_code)
     finally:
         store.close()
     daemons.poke(config, args.run_id)

@@ -10,7 +10,8 @@ is left), the same path a new run takes. The caller pokes the schedulers.
 * pause / unpause: a paused DAG's queued runs wait and its cron ticks pass without a run;
   what is already running finishes.
 * clear: a task instance and (unless asked otherwise) everything downstream of it go back to
-  pending, each with a fresh attempt budget, and run again (Airflow's "clear").
+  pending, each with a fresh attempt budget, and run again (Airflow's "clear"), on the
+  run's code version unless asked to move it to the latest.
 * mark: set a task instance's state by hand (success or failed). An attempt still in flight
   is ignored when it reports. Success sends the tasks below it that did not run
   (upstream_failed, skipped) back to pending; either way the pending tasks of the run are
@@ -30,6 +31,7 @@ from conveyor.scheduler.readiness import Readiness
 from conveyor.scheduler.runs import create_run
 from conveyor.state.assets import Assets
 from conveyor.state.maps import Maps
+from conveyor.state.monitoring import Workers
 from conveyor.state.records import TaskInstance
 from conveyor.state.runs import Dags, Runs
 from conveyor.state.store import Store
@@ -93,8 +95,14 @@ def backfill(store: Store, dag: DAG, start: float, end: float, now: float, *,
 
 
 def clear(store: Store, run_id: str, task_id: str, now: float, *,
-          downstream: bool = True) -> list[str]:
-    """Send a task instance (and what is below it) back to pending; the task ids cleared."""
+          downstream: bool = True, latest_code: bool = False) -> list[str]:
+    """Send a task instance (and what is below it) back to pending; the task ids cleared.
+
+    The run keeps the code version it recorded (a pinned run's cleared tasks go to workers
+    of the code it ran on, as a cleared Airflow 3 task runs its run's DAG version);
+    `latest_code` moves it to the newest live worker's version among those serving the
+    cleared tasks' queues (Airflow's "run on latest version"), or, with none, to the
+    version of the next task without upstreams to start."""
     tis = TaskInstances(store)
     with store.transaction():
         _locked_run(store, run_id)
@@ -103,6 +111,9 @@ def clear(store: Store, run_id: str, task_id: str, now: float, *,
         if not chosen:
             raise _no_task(run_id, task_id)
         _refuse_active(chosen)
+        if latest_code:
+            Runs(store).repin(run_id, Workers(store).newest_version(
+                now, sorted({ti.queue for ti in chosen})))
         for ti in chosen:
             tis.clear(ti.ti_id)
             if ti.map_count is not None:      # a mapped task: expanded anew when ready

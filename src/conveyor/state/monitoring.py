@@ -4,6 +4,7 @@ task results kept in the state store. Typed over named queries, like `state/runs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from conveyor.state.records import QueueSample, Scaler, Scaling, SchedulerLease, WorkerRecord
@@ -34,6 +35,13 @@ class Workers(Repository):
             if worker.code_version and not worker.stale(now):
                 served.setdefault(worker.code_version, set()).update(worker.queues.split(","))
         return served
+
+    def newest_version(self, now: float, queues: Sequence[str]) -> str | None:
+        """The code version of the live worker started last among those serving one of
+        `queues` (None: no live worker of them announces one)."""
+        live = [w for w in self.all() if w.code_version and not w.stale(now)
+                and set(w.queues.split(",")) & set(queues)]
+        return max(live, key=lambda w: w.started_at).code_version if live else None
 
     def forget_silent(self, now: float, older_than: float) -> None:
         """Rows of workers silent for longer than `older_than` seconds (crashed long ago)."""

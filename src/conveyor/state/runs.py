@@ -111,6 +111,10 @@ class Runs(Repository):
         """The code version its first task started on (one already recorded is kept)."""
         self.store.exec("set_run_code_version", run_id=run_id, code_version=code_version)
 
+    def repin(self, run_id: str, code_version: str | None) -> None:
+        """Move a run to another code version (None: to the next one its tasks start on)."""
+        self.store.exec("repin_run", run_id=run_id, code_version=code_version)
+
     def code_versions(self, run_ids: Sequence[str]) -> dict[str, str | None]:
         """Each run's code version (None: no task of it started yet)."""
         return {row["run_id"]: row["code_version"] for row in self.store.rows(

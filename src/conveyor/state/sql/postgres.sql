@@ -1043,6 +1043,11 @@ CREATE TABLE conveyor_dag_sources (
 UPDATE conveyor_runs SET code_version = %(code_version)s
  WHERE run_id = %(run_id)s AND code_version IS NULL;
 
+-- name: repin_run
+-- A cleared run moved to another code version (`tasks clear --latest-code`); NULL: the next
+-- task without upstreams to start records one.
+UPDATE conveyor_runs SET code_version = %(code_version)s WHERE run_id = %(run_id)s;
+
 -- name: run_code_versions
 SELECT run_id, code_version FROM conveyor_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 

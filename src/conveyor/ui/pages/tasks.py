@@ -75,11 +75,15 @@ def buttons(run_id: str, ti: dict[str, Any], *, only: bool = False) -> str:
 
 def clear(ui: Dashboard, request: Request, run_id: str, task_id: str) -> Response:
     """Clear a task instance and (unless {"only": true}) everything downstream: back to
-    pending with a fresh attempt budget; they run again (`conveyor tasks clear`)."""
-    only = request.form().get("only") in (True, "true", "1")
+    pending with a fresh attempt budget; they run again (`conveyor tasks clear`), on the
+    run's code version unless {"latest_code": true}."""
+    form = request.form()
+    only = form.get("only") in (True, "true", "1")
+    latest = form.get("latest_code") in (True, "true", "1")
     _exists(ui, run_id, task_id)
     with refused(), ui.store() as store:
-        cleared = operations.clear(store, run_id, task_id, time.time(), downstream=not only)
+        cleared = operations.clear(store, run_id, task_id, time.time(), downstream=not only,
+                                   latest_code=latest)
     daemons.poke(ui.config.scheduler, run_id)
     return Response.json({"run_id": run_id, "cleared": cleared,
                           "message": f"cleared {', '.join(cleared)} in run {run_id}: they "
