@@ -282,7 +282,7 @@ def test_revoke_keeps_a_queued_task_from_starting_and_terminate_stops_a_running_
     time.sleep(1.5)
     assert pid_alive(pid), setup.output()
     app.control.revoke(running.id, terminate=True)
-    wait_for(lambda: not pid_alive(pid), timeout=3, what="the running task to be stopped",
+    wait_for(lambda: not pid_alive(pid), timeout=30, what="the running task to be stopped",
              detail=setup.output)
     for result in (running, queued):
         with pytest.raises(TaskRevokedError, match="revoked"):

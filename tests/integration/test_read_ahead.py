@@ -116,21 +116,25 @@ def done(log: Path) -> set[str]:
 def test_a_draining_postgres_worker_gives_back_what_it_read_ahead_at_once(
         postgres: tuple[str, Broker], unique: str, tmp_path: Path) -> None:
     """Short tasks, then a long one, then short ones: once the long one runs, the worker
-    holds a batch read ahead behind it; SIGTERM makes them ready while it still runs."""
+    holds a batch read ahead behind it; SIGTERM makes them ready while it still runs (it
+    runs until the test releases it: an 8 s one could end first on a loaded machine)."""
     url, broker = postgres
     log, marker, client = tmp_path / "ran", tmp_path / "long", Client(broker)
+    release = tmp_path / "release"
     shorts = [task_message("t.record", unique, str(log), f"m{i}") for i in range(40)]
     broker.publish_many([client.publication(m) for m in [
-        *shorts[:20], task_message("t.sleep", unique, 8, str(marker)), *shorts[20:]]])
+        *shorts[:20], task_message("t.wait_for_file", unique, str(marker), str(release)),
+        *shorts[20:]]])
     worker = start_worker(url, unique, "-c", "1", "--max-tasks-per-child=100", burst=False)
     try:
         wait_for(marker.exists, 60, "the long task to start")
         time.sleep(0.5)  # the acks owed of the tasks before it are due, and sent, by then
         assert broker.depth(unique).in_flight > 1, "nothing was read ahead of the long task"
         stop(worker, signal.SIGTERM)
-        wait_for(lambda: broker.depth(unique).in_flight == 1, 5,
+        wait_for(lambda: broker.depth(unique).in_flight == 1, 30,
                  "what was read ahead to be ready again while the long task runs")
         assert worker.poll() is None  # still draining: the long task runs
     finally:
+        release.touch()
         stop(worker, signal.SIGKILL)
         finish(worker, 30)
