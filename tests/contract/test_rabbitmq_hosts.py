@@ -38,6 +38,19 @@ def test_a_multi_host_url_gives_one_set_of_parameters_per_node_in_order() -> Non
     assert parse_url("amqp://localhost").management == ("http://localhost:15672",)
 
 
+@pytest.mark.parametrize("joiner", [",", ";"])
+def test_a_list_of_whole_urls_is_one_cluster(joiner: str) -> None:
+    """A list in conveyor.toml (broker_url = ["amqp://…", "amqp://…"]) reaches the parser
+    comma-joined; Celery's failover list is joined by ';'. Each URL keeps its own login."""
+    settings = parse_url(joiner.join(["amqp://a:1@h1:5672/v?management=http://h1:1",
+                                      "amqp://b:2@h2:5673,h3/v?retry_seconds=5"]))
+    assert settings.host_names == ("h1:5672", "h2:5673", "h3:5672")
+    assert [h.credentials.username for h in settings.hosts] == ["a", "b", "b"]
+    assert settings.management == ("http://h1:1",) and settings.retry_seconds == 5
+    assert settings.where == f"amqp://a:***@h1:5672/v{joiner}amqp://b:***@h2:5673,h3/v" \
+        .replace(";", ",")
+
+
 @pytest.mark.parametrize("url", ["amqp://u:p@h1,,h2/", "amqp://u:p@h1,h2:x/"])
 def test_a_malformed_host_list_is_a_config_error(url: str) -> None:
     with pytest.raises(ConfigError, match="RabbitMQ URL"):

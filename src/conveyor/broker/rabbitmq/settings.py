@@ -14,6 +14,7 @@ it each AMQP host's own port 15672 (15671 for amqps) is assumed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -59,7 +60,50 @@ OPTIONS = ("management", "delivery_limit", "consumer_timeout", "pinned_queue_exp
 
 def parse_url(url: str) -> RabbitMQSettings:
     """Split Conveyor's options off the URL (pika rejects unknown ones) and parse the rest,
-    once per host of a multi-host URL."""
+    once per host of a multi-host URL, or per URL of a list of whole URLs (see `whole_urls`).
+    """
+    urls = whole_urls(url)
+    ours: dict[str, str] = {}
+    hosts: tuple[pika.URLParameters, ...] = ()
+    for one in urls:
+        options, params = parse_one(one)
+        ours = {**options, **ours}  # the first URL that gives an option gives it
+        hosts += params
+    parts = urlsplit(urls[0])
+    params = hosts[0]
+    creds = params.credentials
+    user = getattr(creds, "username", "guest")
+    password = getattr(creds, "password", "guest")
+    management, m_user, m_password = management_urls(ours.get("management"), parts.scheme,
+                                                     [h.host for h in hosts], user, password)
+    return RabbitMQSettings(
+        params=params, where=",".join(redact(u.split("?", 1)[0]) for u in urls),
+        management=management,
+        management_user=m_user, management_password=m_password,
+        delivery_limit=int(positive_option(ours, "delivery_limit", DEFAULT_DELIVERY_LIMIT,
+                                           url)),
+        consumer_timeout=positive_option(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT,
+                                         url),
+        pinned_queue_expires=positive_option(ours, "pinned_queue_expires",
+                                             DEFAULT_PINNED_QUEUE_EXPIRES, url),
+        retry_seconds=retry_seconds(ours, url), hosts=hosts,
+        host_names=tuple(f"{bracket(h.host)}:{h.port}" for h in hosts))
+
+
+#: Where one whole amqp:// URL of a list ends: a comma (a TOML list, comma-joined) or a
+#: semicolon (Celery's failover list) before the next URL's scheme.
+_NEXT_URL = re.compile(r"[,;]\s*(?=amqps?://)", re.IGNORECASE)
+
+
+def whole_urls(url: str) -> list[str]:
+    """A list of whole URLs (`amqp://u:p@h1/v;amqp://u:p@h2/v`, or a TOML list
+    `broker_url = ["amqp://…", "amqp://…"]`, which reaches us comma-joined) split apart;
+    each may have its own login and host list, and all share one vhost's queues."""
+    return [u.strip() for u in _NEXT_URL.split(url) if u.strip()]
+
+
+def parse_one(url: str) -> tuple[dict[str, str], tuple[pika.URLParameters, ...]]:
+    """Conveyor's options and pika's parameters (one per host) of one whole URL."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     ours = {k: v for k, v in query if k in OPTIONS}
@@ -70,27 +114,10 @@ def parse_url(url: str) -> RabbitMQSettings:
         raise ConfigError(f"RabbitMQ URL {redact(url)!r} names an empty host: separate hosts "
                           "with single commas, e.g. amqp://u:p@h1:5672,h2:5672/vhost")
     try:
-        hosts = tuple(pika.URLParameters(urlunsplit(parts._replace(
+        return ours, tuple(pika.URLParameters(urlunsplit(parts._replace(
             netloc=f"{login}{at}{name}", query=rest))) for name in names)
     except ValueError as exc:
         raise ConfigError(f"RabbitMQ URL {redact(url)!r} is not valid: {exc}") from exc
-    params = hosts[0]
-    creds = params.credentials
-    user = getattr(creds, "username", "guest")
-    password = getattr(creds, "password", "guest")
-    management, m_user, m_password = management_urls(ours.get("management"), parts.scheme,
-                                                     [h.host for h in hosts], user, password)
-    return RabbitMQSettings(
-        params=params, where=redact(url.split("?", 1)[0]), management=management,
-        management_user=m_user, management_password=m_password,
-        delivery_limit=int(positive_option(ours, "delivery_limit", DEFAULT_DELIVERY_LIMIT,
-                                           url)),
-        consumer_timeout=positive_option(ours, "consumer_timeout", DEFAULT_CONSUMER_TIMEOUT,
-                                         url),
-        pinned_queue_expires=positive_option(ours, "pinned_queue_expires",
-                                             DEFAULT_PINNED_QUEUE_EXPIRES, url),
-        retry_seconds=retry_seconds(ours, url), hosts=hosts,
-        host_names=tuple(f"{bracket(h.host)}:{h.port}" for h in hosts))
 
 
 def bracket(host: str) -> str:
