@@ -1,13 +1,15 @@
-"""The Postgres state store through a lost session (issue 31, Postgres failover): what was in
-progress is said to be lost (`StateStoreLost`), the next use opens a new session, LISTENs
-again, and finds the host that takes writes among several. The outage is a `Proxy` cut under
-the store (the shared server is never touched); a session on a read-only server (SQLSTATE
-25006, what a standby answers) is one made read-only by its options. The failover itself, a
-standby promoted under a running scheduler, is tests/cluster/test_postgres_failover.py."""
+"""The Postgres state store (and results and the limiter on it) through a lost session (issue
+31, Postgres failover): what was in progress is said to be lost (`StateStoreLost`), the next
+use opens a new session, LISTENs again, and finds the host that takes writes among several.
+The outage is a `Proxy` cut under the store (the shared server is never touched); a session on
+a read-only server (SQLSTATE 25006, what a standby answers) is one made read-only by its
+options. The failover itself, a standby promoted under a running scheduler, is
+tests/integration/test_postgres_failover.py."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -15,6 +17,7 @@ import pytest
 from psycopg import sql
 
 from conveyor.errors import StateStoreLost
+from conveyor.limits.sql import PostgresLimiter
 from conveyor.results.base import ResultRecord
 from conveyor.results.sql import SQLResults
 from conveyor.state.store import PostgresStore, from_url
@@ -111,3 +114,19 @@ def test_a_result_waiter_cut_off_reads_again_and_finds_what_was_stored_meanwhile
         thread.join(60)
         waiter.close()
         writer.close()
+
+
+def test_the_limiter_opens_a_lost_session_again_at_its_next_use(
+        schema: str, proxy: Proxy) -> None:
+    """The call that found the session lost fails (its caller decides); the next one runs on
+    a new session, wherever libpq finds the primary."""
+    limiter = PostgresLimiter(f"postgresql://postgres@{proxy.address}/postgres?schema={schema}")
+    try:
+        assert limiter.cancels(time.time()) == []
+        proxy.cut()
+        with pytest.raises(psycopg.OperationalError):
+            limiter.cancels(time.time())
+        proxy.restore()
+        assert limiter.cancels(time.time()) == []
+    finally:
+        limiter.close()

@@ -1,7 +1,7 @@
 """A Postgres URL naming a primary and its standby (libpq's multi-host form) is taken whole by
 everything that takes a Postgres URL, connects to the host that takes writes, and commits
 what a failover must not undo synchronously. Pure parsing: no server (the failover itself is
-tests/cluster/test_postgres_failover.py)."""
+tests/integration/test_postgres_failover.py)."""
 
 from __future__ import annotations
 
