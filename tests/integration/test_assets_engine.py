@@ -16,6 +16,7 @@ from conveyor.readers.dags import dag_row
 from conveyor.scheduler import DAG, Asset, Event
 from conveyor.scheduler import assets as conditions
 from conveyor.scheduler.engine import Engine
+from conveyor.scheduler.metrics import StateCollector
 from conveyor.scheduler.runs import create_run
 from conveyor.state import assets as stored
 from conveyor.state.assets import Assets, event_key, record_event
@@ -106,13 +107,18 @@ def test_an_event_starts_a_run_per_event_with_its_payload_and_dedupes(store: Sto
     assert len(executor.sent) == 2
 
 
-def test_an_event_as_one_input_of_an_asset_condition(store: Store) -> None:
+def test_an_event_as_one_input_of_an_asset_condition(store: Store, state_url: str) -> None:
     executor = RecordingExecutor()
     dag = consumer("mixed", ORDERS & Event("orders.approved"))
     engine = engine_for(store, executor, dag)
     record_event(store, event_key("orders.approved"), {"by": "ann"}, T0, source="test")
     engine.tick(T0 + 1)
     assert executor.sent == []
+    collector = StateCollector(state_url)
+    families = {f.name: f for f in collector.collect()}
+    collector.close()
+    assert [(s.labels, s.value) for s in families["conveyor_asset_events_queued"].samples] \
+        == [({"dag": "mixed"}, 1.0)]
     record_event(store, ORDERS.uri, {}, T0 + 2, source="test")
     engine.tick(T0 + 3)
     (work,) = executor.sent

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from conveyor.state import store as stores
+from conveyor.state.assets import Assets
 from conveyor.state.callbacks import Callbacks
 from conveyor.state.runs import Runs
 from conveyor.state.tasks import TaskInstances
@@ -43,6 +44,7 @@ class StateCollector(Collector):
             tis = TaskInstances(self._store).count_by_state()
             missed = Callbacks(self._store).deadlines_missed()
             failures = Callbacks(self._store).failures()
+            queued = Assets(self._store).queued_counts()
         yield _family("conveyor_scheduler_runs", "DAG runs by state", runs)
         yield _family("conveyor_scheduler_task_instances", "Task instances by state", tis)
         # counted in the store, so every scheduler (and a restarted one) says the same
@@ -55,6 +57,20 @@ class StateCollector(Collector):
         for kind, n in sorted(failures.items()):
             failed.add_metric([kind], float(n))
         yield failed
+        waiting = GaugeMetricFamily("conveyor_asset_events_queued", "Asset and named "
+                                    "events waiting for a consuming DAG's condition",
+                                    labels=["dag"])
+        for dag_id, n in sorted(queued.items()):
+            waiting.add_metric([dag_id], float(n))
+        yield waiting
+
+
+    def close(self) -> None:
+        """Close its state store connection (opened at the first scrape)."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
 
 def _family(name: str, doc: str, counts: dict[str, int]) -> GaugeMetricFamily:

@@ -107,6 +107,10 @@ class Assets(Repository):
             found.setdefault(row["consumer"], []).append(AssetEvent.from_row(row))
         return found
 
+    def queued_counts(self) -> dict[str, int]:
+        """How many events wait for each consuming DAG's condition."""
+        return {row["dag_id"]: int(row["n"]) for row in self.store.rows("asset_queue_counts")}
+
     def consume(self, dag_id: str, first: int, last: int) -> int:
         """Take the DAG's queued events with ids first..last; how many there were."""
         return self.store.exec("consume_asset_events", dag_id=dag_id, first=first, last=last)

@@ -1158,3 +1158,7 @@ SELECT dag_id, uri, role FROM conveyor_asset_refs ORDER BY uri, role, dag_id;
 
 -- name: asset_events_of
 SELECT * FROM conveyor_asset_events WHERE uri = %(uri)s ORDER BY event_id DESC LIMIT %(limit)s;
+
+-- name: asset_queue_counts
+-- Events waiting for each consuming DAG's condition (the scheduler's metrics).
+SELECT dag_id, COUNT(*) AS n FROM conveyor_asset_queue GROUP BY dag_id;
