@@ -49,7 +49,7 @@ def test_a_bounded_call_gives_up_after_retry_seconds_saying_how_long_and_how_oft
     with pytest.raises(BrokerConnectionError, match=r"^publishing: Thing at x://h stayed "
                        r"unreachable for 0\.5 s \(\d+ attempt\(s\), retry_seconds=0\.5"):
         reconnect.call("publishing", refused)
-    assert 0.5 <= time.monotonic() - started < 1.5
+    assert 0.5 <= time.monotonic() - started < 10  # gave up (a loaded machine: later)
     lines = [r.getMessage() for r in caplog.records]
     assert lines and all("\n" not in line and "reconnecting in" in line for line in lines)
 
@@ -68,7 +68,7 @@ def test_a_call_retrying_gives_up_at_once_when_the_process_stops() -> None:
     with pytest.raises(BrokerConnectionError, match="not retried further: this process is "
                                                     "stopping"):
         reconnect.call("settling", refused)
-    assert time.monotonic() - started < 0.3 + 1.0
+    assert time.monotonic() - started < 10  # at the stop, not after its 60 s
     attempts: list[float] = []
 
     def counted() -> None:
@@ -78,7 +78,7 @@ def test_a_call_retrying_gives_up_at_once_when_the_process_stops() -> None:
     started = time.monotonic()
     with pytest.raises(BrokerConnectionError):
         reconnect.call("settling", counted)
-    assert len(attempts) == 1 and time.monotonic() - started < 0.5
+    assert len(attempts) == 1 and time.monotonic() - started < 10
 
 
 def test_other_errors_are_not_retried() -> None:
@@ -187,7 +187,7 @@ def test_a_one_shot_command_gives_up_on_a_service_never_reached_at_first_contact
         Reconnect("Thing at x://h", LOG, lambda e: isinstance(e, OSError), 60).call(
             "connect", refused)
     assert not reconnect.PATIENCE.one_shot   # only inside
-    assert first_contact <= time.monotonic() - started < 1.5
+    assert first_contact <= time.monotonic() - started < 10  # not the daemon's 60 s
     assert all(r.levelno == logging.DEBUG for r in caplog.records)  # its one line is the error
 
 
@@ -207,7 +207,10 @@ def test_a_daemon_says_plainly_once_that_a_service_never_answered_and_keeps_tryi
 
 
 def test_a_refusal_stops_the_first_contact_at_once_and_is_retried_after_it(
-        first_contact: float) -> None:
+        first_contact: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a first contact of 30 s: "at once" is then far from what trying through it would take
+    monkeypatch.setattr(reconnect, "FIRST_CONTACT_SECONDS", 30.0)
+
     def say_no(exc: BaseException) -> str | None:
         return "refused the login (no): fix the password" if "login" in str(exc) else None
 
@@ -216,7 +219,7 @@ def test_a_refusal_stops_the_first_contact_at_once_and_is_retried_after_it(
     with pytest.raises(BrokerError, match=r"^connect: Thing at x://h refused the login \(no\): "
                        r"fix the password; retrying would not help$"):
         link.call("connect", lambda: (_ for _ in ()).throw(OSError("login refused")))
-    assert time.monotonic() - started < 0.2
+    assert time.monotonic() - started < 10
     assert link.call("connect", lambda: "up") == "up" and link.reached
     answers = iter([OSError("login refused"), "up"])   # a node restarting may say no a moment
 
