@@ -411,8 +411,9 @@ def check_canvas_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
         assert setup.get(sent["chain after group"], 60) == 9       # (2 + 4) + 3
         assert sent["chain"].parent.get(timeout=10) == 13          # each step's result
         assert setup.get(sent["countdown"], 60) == 5
-        with pytest.raises(ValueError, match="kaput"):
+        with pytest.raises(ValueError, match="kaput") as caught:
             setup.get(sent["failing"], 60)
+        assert caught.value.args == ("kaput",)
         assert sent["failing"].state == "PENDING"          # the step after it never ran
         with pytest.raises((ValueError, ChordError), match="broken"):
             setup.get(sent["chord failing"], 60)
@@ -428,6 +429,11 @@ def check_canvas_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
     assert {r["run_type"] for r in made} == {"canvas"}
     assert sorted(r["state"] for r in made) == ["failed"] * 2 + ["success"] * 8
     assert {r["dag_id"] for r in made} == {"canvas.add", "canvas.tsum"}
+    listed = subprocess.run([sys.executable, "-m", "conveyor.cli", "runs", "list"], cwd=ROOT,
+                            env=worker_env(setup.conveyor_url, **runs.env), text=True,
+                            capture_output=True, timeout=60)
+    shown = listed.stdout.count("canvas.add") + listed.stdout.count("canvas.tsum")
+    assert shown == len(sent), listed                  # as users see them
     assert "Traceback" not in setup.output(), setup.output()
 
 
