@@ -10,7 +10,10 @@ dies when it looks again at a task it held for want of a worker of its run's cod
 CONVEYOR_TEST_DIE_ASSETS=before_run it dies when a DAG's queued asset events are about to
 start its run (the events committed, no run); with =before_consume, once that run is
 inserted and before its events are consumed (the same transaction, not committed:
-scheduler/asset_runs.py)."""
+scheduler/asset_runs.py). With CONVEYOR_TEST_DIE_CLOSING=1 it dies when a mapped task whose
+instances have all ended is closed (`Maps.closed` run, the transaction with its last
+instance's outcome not committed: scheduler/mapping.py). CONVEYOR_TEST_DIE_CALLBACK=KIND:
+see below."""
 
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ _init = engine.Engine.__init__
 
 def _dies_before_publishing(self: engine.Engine, *args: Any, **kwargs: Any) -> None:
     _init(self, *args, **kwargs)
-    if os.environ.get("CONVEYOR_TEST_DIE_EXPANDING") or os.environ.get("CONVEYOR_TEST_DIE_HOLDING"):
+    if any(os.environ.get(f"CONVEYOR_TEST_DIE_{at}") for at in ("EXPANDING", "HOLDING",
+                                                                  "CLOSING")):
         return
     at_assets = os.environ.get("CONVEYOR_TEST_DIE_ASSETS", "")
     if at_assets:
@@ -65,6 +69,16 @@ def _dies_expanding(self: maps.Maps, rows: Sequence[Any]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+_closed = maps.Maps.closed
+
+
+def _dies_closing(self: maps.Maps, ti: Any, **kwargs: Any) -> bool:
+    closed = _closed(self, ti, **kwargs)
+    if closed and os.environ.get("CONVEYOR_TEST_DIE_CLOSING"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return closed
+
+
 _route = pinning.Pins.route
 
 
@@ -77,6 +91,7 @@ def _dies_rechecking(self: pinning.Pins, tis: Sequence[Any], now: float) -> Any:
 pinning.Pins.route = _dies_rechecking  # type: ignore[method-assign]
 engine.Engine.__init__ = _dies_before_publishing  # type: ignore[method-assign]
 maps.Maps.insert_instances = _dies_expanding  # type: ignore[method-assign]
+maps.Maps.closed = _dies_closing  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(main(["scheduler", *sys.argv[1:]]))

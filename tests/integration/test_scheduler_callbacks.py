@@ -3,7 +3,8 @@ SQLite and on Postgres. A failing task fires on_retry once per retry and on_fail
 its error's type and message; a DAG's on_success and on_failure fire when runs end; a
 callback that raises is recorded failed and never touches its run; a deadline missed while no
 worker runs is recorded on time and its callback runs once a worker comes; and a scheduler
-SIGKILLed between recording a callback and publishing it loses and repeats nothing. The
+SIGKILLed between recording a callback (on_retry, on_failure, on_cancel, a deadline's) and
+publishing it loses and repeats nothing. The
 callback task appends its context to a ledger, so every run of it is counted."""
 
 from __future__ import annotations
@@ -169,22 +170,30 @@ def test_a_deadline_missed_with_no_worker_is_recorded_and_fires_once(
     assert as_json["deadline"]["missed"] is True and as_json["deadline"]["status"] == "missed"
 
 
+@pytest.mark.parametrize("kind", ["on_retry", "on_failure"])
 def test_scheduler_killed_between_recording_and_publishing_a_callback(
-        env: dict[str, str], tmp_path: Path) -> None:
+        env: dict[str, str], tmp_path: Path, kind: str) -> None:
+    """on_retry: killed publishing the first retry's (the run goes on); on_failure: the
+    last attempt's and the run's, recorded as the run ended."""
     worker = spawn("worker", "--queues", "default", "--concurrency", "2", env=env)
     crashing = subprocess.Popen(
         [sys.executable, "-m", "tests.integration.scheduler_crashing"], cwd=ROOT,
-        env={**os.environ, **env, "CONVEYOR_TEST_DIE_CALLBACK": "on_failure"},
+        env={**os.environ, **env, "CONVEYOR_TEST_DIE_CALLBACK": kind},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     survivor = None
     store = from_url(env["CONVEYOR_STATE_URL"])
     try:
         run_id = trigger_run(env, "cbfail")
-        assert crashing.wait(60) == -9, "the scheduler should have died publishing on_failure"
+        assert crashing.wait(60) == -9, f"the scheduler should have died publishing {kind}"
         pending = [r for r in store.rows("run_callbacks", run_id=run_id)
-                   if r["kind"] == "on_failure"]
-        assert {r["state"] for r in pending} == {"pending"}   # recorded with the failure
-        assert run_state(store, run_id) == "failed"     # ended in the same transaction
+                   if r["kind"] == kind]
+        assert {r["state"] for r in pending} == {"pending"}   # recorded with the transition
+        if kind == "on_failure":
+            assert run_state(store, run_id) == "failed"  # ended in the same transaction
+        else:
+            load = store.one("run_ti_by_task", run_id=run_id, task_id="load")
+            assert (load["state"], load["attempt"], run_state(store, run_id)) == (
+                "up_for_retry", 1, "running")
         # a burst scheduler stays until what the dead one recorded is published
         survivor = spawn("scheduler", "--burst", env=env)
         assert survivor.wait(60) == 0
@@ -249,5 +258,40 @@ def test_cancelling_a_running_run_fires_on_cancel_of_the_task_and_the_run_once(
         store.close()
         for proc in (scheduler, worker):
             stop(proc)
+    assert state == "cancelled"
+    assert fired(tmp_path, run_id) == [("on_cancel", "long", 1), ("on_cancel", "run", None)]
+
+
+def test_scheduler_killed_publishing_on_cancel_loses_and_repeats_nothing(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """Killed publishing the on_cancel callbacks recorded when the cancelled task's outcome
+    ended the run: the next scheduler publishes each once."""
+    worker = spawn("worker", "--queues", "default", "--concurrency", "2", "--cancel-grace",
+                   "0.5", env=env)
+    crashing = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.scheduler_crashing"], cwd=ROOT,
+        env={**os.environ, **env, "CONVEYOR_TEST_DIE_CALLBACK": "on_cancel"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    survivor = None
+    store = from_url(env["CONVEYOR_STATE_URL"])
+    try:
+        run_id = trigger_run(env, "cbcancel")
+        wait_for(lambda: store.one("run_ti_by_task", run_id=run_id, task_id="long")["state"]
+                 == "running", timeout=30, what="the long task to start")
+        conveyor("runs", "cancel", run_id, env=env)
+        assert crashing.wait(60) == -9, "the scheduler should have died publishing on_cancel"
+        assert {(r["kind"], r["state"]) for r in store.rows("run_callbacks", run_id=run_id)
+                if r["ti_id"]} == {("on_cancel", "pending")}
+        survivor = spawn("scheduler", "--burst", env=env)
+        assert survivor.wait(60) == 0
+        wait_for(lambda: len(fired(tmp_path, run_id)) >= 2, timeout=60,
+                 what="on_cancel of the task and of the run",
+                 detail=lambda: str(store.rows("run_callbacks", run_id=run_id)))
+        state = run_state(store, run_id)
+    finally:
+        store.close()
+        for proc in (crashing, survivor, worker):
+            if proc is not None:
+                stop(proc)
     assert state == "cancelled"
     assert fired(tmp_path, run_id) == [("on_cancel", "long", 1), ("on_cancel", "run", None)]

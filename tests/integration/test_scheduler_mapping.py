@@ -5,7 +5,9 @@ in the middle of creating the instances (rolled back with the upstream's success
 applied again from its redelivered event) or after creating and before publishing them
 (committed, claimed, published by the next scheduler) leaves exactly one set of instances,
 each run once; one killed once the map closed, its reduce claimed and not published, leaves
-the reduce to the next, which runs it once. A ledger counts every task's runs."""
+the reduce to the next, which runs it once; one killed as an instance's failure closes its
+map (before or after that commits) leaves the map failed once, its all_done cleanup and the
+instance's on_failure run once. A ledger counts every task's runs."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from tests.support import conveyor, spawn, stop, wait_for
 ROOT = Path(__file__).parents[2]
 
 DAG_FILE = '''\
+import time
+
 from conveyor import DAG, task
 
 LEDGER = {ledger!r}
@@ -67,6 +71,32 @@ dag = DAG("maptest", retries=1, retry_delay=0)
 items = dag.task(extract)
 upper = dag.task(process, kwargs={{"suffix": "!"}}).expand(item=items)
 dag.task(total, args=[upper])
+
+
+@task(name="maptest.fragile")
+def fragile(item):
+    if item == "b":             # fails last, so its failure is what closes the map
+        while runs_of("fragile-a") == 0:
+            time.sleep(0.05)
+    note("fragile-" + item)
+    if item == "b":
+        raise RuntimeError("b always fails")
+    return item
+
+
+@task(name="maptest.cleanup")
+def cleanup():
+    note("cleanup")
+
+
+@task(name="maptest.alert")
+def alert(context):
+    note("alert")
+
+
+failing = DAG("mapfail", retries=0)
+fragiles = failing.task(fragile, on_failure=alert).expand(item=["a", "b"])
+fragiles >> failing.task(cleanup, trigger_rule="all_done")
 '''
 
 RAN = ["extract", "process-a", "process-b", "process-c", "process-c", "process-d", "total"]
@@ -161,3 +191,57 @@ def test_a_scheduler_killed_creating_or_publishing_instances_leaves_one_set(
     state, tasks, total = outcome(env["CONVEYOR_STATE_URL"], run_id)
     assert (state, tasks, total) == ("success", EXPECTED, '"A!B!C!D!"')
     assert ledger_lines(tmp_path) == RAN
+
+
+CLOSING = {"closing": {"CONVEYOR_TEST_DIE_CLOSING": "1"},
+           "closed": {"CONVEYOR_TEST_DIE_PUBLISHING": "cleanup"}}
+
+
+@pytest.mark.parametrize("crash", sorted(CLOSING))
+def test_a_scheduler_killed_as_a_failed_instance_closes_its_map_loses_and_repeats_nothing(
+        env: dict[str, str], tmp_path: Path, crash: str) -> None:
+    """`fragile[1]` fails after `fragile[0]` succeeded: its failure closes the map (failed).
+    `closing`: killed with the map closed and the transaction not committed: the failure
+    rolls back and is applied again from its redelivered event. `closed`: killed once that
+    committed, with the all_done `cleanup` claimed and not published (and the instance's
+    on_failure callback recorded, not published). The next scheduler ends the run: each
+    task and the callback once."""
+    worker = spawn("worker", "--queues", "default", "--concurrency", "2", env=env)
+    crashing = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.scheduler_crashing"], cwd=ROOT,
+        env={**os.environ, **env, **CLOSING[crash]}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    survivor: subprocess.Popen[bytes] | None = None
+    store = from_url(env["CONVEYOR_STATE_URL"])
+    try:
+        run_id = trigger_run(env, "mapfail")
+        assert crashing.wait(60) == -9, "the scheduler should have died closing the map"
+        tis = {r["task_id"]: r for r in store.rows("run_tis", run_id=run_id)}
+        if crash == "closing":      # the failure rolled back with the close
+            assert tis["fragile"]["state"] == "running"
+            assert tis["fragile[1]"]["state"] in ("queued", "running")
+            assert store.rows("run_callbacks", run_id=run_id) == []
+        else:                       # committed; cleanup claimed, not published
+            assert tis["fragile"]["state"] == "failed"
+            assert (tis["cleanup"]["state"], tis["cleanup"]["published_at"]) == (
+                "queued", None)
+        survivor = spawn("scheduler", "--burst", env=env)
+        assert survivor.wait(90) == 0
+        wait_for(lambda: "alert" in ledger_lines(tmp_path), timeout=30,
+                 what="the instance's on_failure callback to run")
+    finally:
+        store.close()
+        for proc in (crashing, survivor, worker):
+            if proc is not None:
+                stop(proc)
+    store = from_url(env["CONVEYOR_STATE_URL"])
+    try:
+        state = store.one("run", run_id=run_id)["state"]
+        tasks = {r["task_id"]: (r["state"], r["attempt"])
+                 for r in store.rows("run_tis", run_id=run_id)}
+    finally:
+        store.close()
+    assert state == "failed"
+    assert tasks == {"fragile": ("failed", 1), "fragile[0]": ("success", 1),
+                     "fragile[1]": ("failed", 1), "cleanup": ("success", 1)}
+    assert ledger_lines(tmp_path) == ["alert", "cleanup", "fragile-a", "fragile-b"]
