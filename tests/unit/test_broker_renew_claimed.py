@@ -38,7 +38,7 @@ def test_unrenewed_batch_returns_when_its_short_lease_runs_out(tmp_path: Path) -
             mine.publish("events", str(n).encode())
         steps = mine.consume(["events"], prefetch=3, timeout=1.0)
         assert next(steps) is not None
-        taken = first(other, ["events"], timeout=5.0)
+        taken = first(other, ["events"], timeout=30.0)
         assert taken is not None
         steps.close()
     finally:

@@ -28,7 +28,7 @@ def test_the_watch_knows_old_records_at_start_and_hears_new_ones(tmp_path: Path)
         assert "before" in watch and heard == ["before"]  # read before the first delivery
         assert "later" not in watch
         writer.cancel("later", time.time(), CANCEL_TTL)
-        wait_for(lambda: "later" in watch, 5, "the watch to hear of the new cancel")
+        wait_for(lambda: "later" in watch, 30, "the watch to hear of the new cancel")
         writer.cancel("later", time.time(), CANCEL_TTL)  # again: not a second call
         time.sleep(0.6)
         assert heard == ["before", "later"]
@@ -59,7 +59,7 @@ def test_a_watch_started_behind_knows_old_records_once_its_first_read_is_done(
     closed_at_once = CancelWatch(Poll(open_records), open_records).start_behind()
     closed_at_once.close()
     closed_at_once.wait_read()
-    wait_for(lambda: not closed_at_once._thread.is_alive(), 5, "the watch's thread to end")
+    wait_for(lambda: not closed_at_once._thread.is_alive(), 30, "the watch's thread to end")
 
 
 def test_a_watch_whose_store_is_down_starts_and_reads_it_once_it_is_up(
