@@ -215,6 +215,9 @@ def rabbit_cluster(unique: str, size: int = 3) -> Iterator[Cluster]:
     finally:
         cluster.stop_all()
         shutil.rmtree(root, ignore_errors=True)
+        # a node gone unregisters from epmd as its VM exits: none may be left behind
+        wait_for(lambda: not any(registered(node) for node in cluster.nodes), 30,
+                 "the cluster's nodes to leave epmd")
 
 
 def wait_running(cluster: Cluster, count: int, timeout: float = 60) -> None:
