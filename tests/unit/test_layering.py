@@ -7,7 +7,8 @@ below, never above; sibling packages of one layer stay apart):
               locations, sqlfiles, context, flow, tracing (the core calls its hooks; only
               tracing.otel imports OpenTelemetry), signals, refusals (what a server's answer
               at first contact means), canvas (chain, group, chord: the algebra),
-              pgfailover (a Postgres URL naming a primary and its standbys)
+              pgfailover (a Postgres URL naming a primary and its standbys), redis_clients
+              (the one place a Redis or Sentinel URL becomes a client)
     carriers: broker, state, limits (flow control's store)
     results:  results (task results: Redis keys beside a broker, or a state-store table),
               control (cancel: its records in flow control's store, and the control channel)
@@ -38,7 +39,7 @@ ROOT = Path(__file__).parents[2] / "src" / "conveyor"
 LAYERS = [
     {"config", "settings_table", "kinds", "errors", "message", "tasks", "retry", "logs",
      "events", "locations", "sqlfiles", "context", "flow", "tracing", "signals", "refusals",
-     "canvas", "pgfailover"},
+     "canvas", "pgfailover", "redis_clients"},
     {"broker", "state", "limits"},
     {"results", "control"},
     {"client"},

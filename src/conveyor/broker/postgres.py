@@ -206,8 +206,7 @@ class PostgresBroker(Broker):
         return self._recovery.attempt(what, lambda: self._on_main(fn), self._interrupted)
 
     def _on_main(self, fn: Callable[[Cursor], T]) -> T:
-        """`fn(cursor of the main session)`; a session found lost is closed (one on a standby
-        is open but useless, pgfailover.py), so the next attempt opens one on the primary."""
+        """`fn(main cursor)`; a lost session (or one on a standby) is closed: the next opens."""
         cur = self._main_cursor()
         try:
             return fn(cur)
@@ -586,10 +585,8 @@ def _numbers(queue: str, ids: Sequence[str] | None) -> list[int] | None:
 
 
 def _read_notifications(listener: Connection) -> set[str]:
-    """Payloads that have arrived, without blocking; OperationalError if the session is gone.
-
-    libpq directly: `Connection.notifies(timeout=0)` would do, but needs psycopg 3.2.
-    """
+    """Payloads that have arrived, without blocking; OperationalError if the session is gone
+    (libpq directly: `Connection.notifies(timeout=0)` would do, but needs psycopg 3.2)."""
     listener.pgconn.consume_input()
     payloads = set()
     while (notify := listener.pgconn.notifies()) is not None:

@@ -25,6 +25,7 @@ from conveyor.scheduler.assets import EVENT_PREFIX
 from conveyor.scheduler.dag import DAG
 from conveyor.scheduler.runs import create_run
 from conveyor.state.assets import AssetEvent, Assets
+from conveyor.state.records import TaskInstance
 from conveyor.state.store import Store
 
 log = logging.getLogger("conveyor.scheduler.assets")
@@ -61,6 +62,14 @@ class AssetRuns:
         self.before_run: Callable[[Sequence[AssetEvent]], None] = lambda events: None
         self.before_consume: Callable[[str], None] = lambda run_id: None
         self.runs_created = 0
+
+    def produced(self, ti: TaskInstance, result: Any, given: Mapping[str, Any] | None,
+                 now: float) -> None:
+        """Record an asset event per outlet of a task that succeeded, in the caller's
+        transaction (its success's): the event commits with the success, or neither does."""
+        for uri, extra in outlets_of(ti.spec, result, given):
+            self.assets.record(uri, extra, now, source="task", dag_id=ti.spec.get("dag_id"),
+                               run_id=ti.run_id, task_id=ti.task_id)
 
     def tick(self, dags: Mapping[str, DAG], executors: Sequence[str], now: float) -> int:
         """Create the runs whose conditions hold; how many. No query at all while no DAG

@@ -32,7 +32,7 @@ from conveyor import tracing
 from conveyor.events import Event
 from conveyor.kinds import pinned_queue
 from conveyor.message import new_id
-from conveyor.scheduler import asset_runs, cron, deadlines
+from conveyor.scheduler import cron, deadlines
 from conveyor.scheduler import event_facts as facts_of
 from conveyor.scheduler.asset_runs import AssetRuns
 from conveyor.scheduler.branches import choice_problem
@@ -48,7 +48,6 @@ from conveyor.scheduler.readiness import Readiness
 from conveyor.scheduler.runs import create_run
 from conveyor.scheduler.timeouts import retry_delay, timeout_reason
 from conveyor.scheduler.workloads import workload
-from conveyor.state.assets import Assets
 from conveyor.state.records import Due, TaskInstance, Transition
 from conveyor.state.runs import Dags, Runs
 from conveyor.state.store import Store, through_losses
@@ -92,7 +91,6 @@ class Engine:
         self.start_grace = start_grace
         self.mapper = Mapper(store, lambda: self._claim, self.readiness, max_map_length)
         self.pins = Pins(store)   # where runs pinned to their code send their tasks
-        self.assets = Assets(store)
         #: Runs of DAGs scheduled on assets and events, from their queued events
         self.asset_runs = AssetRuns(store)
         #: Tasks made ready by a mapped task's end, dispatched with the caller's batch
@@ -281,23 +279,15 @@ class Engine:
         if not self.tis.succeeded(key, result=result, **what_is_known(event)):
             return []
         self.attempts.record(key, outcome="succeeded", error=None, result=result, log=log)
-        if ti.spec.get("outlets"):   # its asset events commit with its success
-            self._produced(ti, event, key.now)
+        if ti.spec.get("outlets"):   # its asset events commit with its success; tick soon
+            self.asset_runs.produced(ti, event.result, event.asset_extra, key.now)
+            self._note(key.now)
         facts_of.trace_attempt(ti, key.attempt, "success", key.now)
         self.callbacks.task(ti, key.attempt, "on_success", key.now)
         ready = [] if children == [] else self.mapper.expand(self.readiness.after(
             ti.run_id, [ti.task_id], key.now, claim=self._claim), key.now)  # none: no query
         self._finish(ti.run_id, key.now)
         return ready
-
-    def _produced(self, ti: TaskInstance, event: Event, now: float) -> None:
-        """Record an asset event per outlet of a task that succeeded (the caller's
-        transaction), and tick soon: a DAG consuming one may now have a run to start."""
-        dag_id = ti.spec.get("dag_id")
-        for uri, extra in asset_runs.outlets_of(ti.spec, event.result, event.asset_extra):
-            self.assets.record(uri, extra, now, source="task", dag_id=dag_id,
-                               run_id=ti.run_id, task_id=ti.task_id)
-        self._note(now)
 
     def _skipped(self, ti: TaskInstance, key: Transition, event: Event,
                  log: str | None = None) -> list[TaskInstance]:
