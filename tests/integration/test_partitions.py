@@ -452,3 +452,87 @@ def test_on_rabbitmq_a_cut_off_workers_task_runs_again_and_its_late_ack_is_refus
         assert depth.is_empty([queue]), "the message came back once more: A's ack was taken?"
     finally:
         depth.close()
+
+
+def test_a_fenced_dag_attempts_late_events_change_nothing_the_newer_run_recorded(
+        servers: Servers, tmp_path: Path, unique: str) -> None:
+    """Case a for a DAG task: worker A runs attempt 1 of a 4 s command task and is cut off;
+    it fences itself, the lease lapses, worker B runs the same attempt (delivery 2) to its
+    end and the scheduler records the success. When A's link heals, its late `interrupted`
+    event (delivery 1) and its refused requeue change nothing: the task stays a success of
+    attempt 1, recorded once, the run succeeded; the two runs did not overlap."""
+    host_a, host_b = servers.hosts
+    ledger, dags = tmp_path / "ledger", tmp_path / "dags"
+    ledger.touch(mode=0o666)
+    queue, broker_url = f"q-{unique}", f"{servers.urls['redis']}?prefix={unique}"
+    state_url = f"{servers.urls['postgres']}?schema={unique}s"
+    dags.mkdir()
+    ticking = (f"echo start w $$ $(date +%s.%N) >> {ledger}; for i in $(seq 40); do sleep 0.1; "
+               f"echo tick w $$ $(date +%s.%N) >> {ledger}; done; "
+               f"echo end w $$ $(date +%s.%N) >> {ledger}")
+    (dags / "one.py").write_text(
+        "from conveyor.scheduler import DAG\n"
+        "dag = DAG('one', retries=0)\n"
+        f"dag.command('w', ['sh', '-c', {ticking!r}], queue={queue!r})\n")
+    events_queue = f"events-{unique}"
+    env = {**worker_env(broker_url), "CONVEYOR_STATE_URL": state_url,
+           "CONVEYOR_DAGS_FOLDER": str(dags), "CONVEYOR_EVENTS_QUEUE": events_queue,
+           "CONVEYOR_SCHEDULER_CONTROL_QUEUE": f"control-{unique}",
+           "CONVEYOR_QUEUE_SAMPLE_INTERVAL": "0"}
+    case = Case(servers, broker_url, queue, ledger)
+    conveyor = [sys.executable, "-m", "conveyor.cli"]
+    scheduler = subprocess.Popen([*conveyor, "scheduler"], cwd=ROOT, env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    case.procs.append(scheduler)
+    out_s = reading(scheduler)
+    store = from_state_url(state_url)
+    broker = from_url(broker_url)
+    try:
+        wait_for(lambda: store.one("dag_row", dag_id="one"), 60, "the DAG recorded",
+                 detail=lambda: "".join(out_s))
+        a = case.worker(host_a)
+        out_a = reading(a)
+        subprocess.run([*conveyor, "dags", "trigger", "one"], env=env, check=True,
+                       capture_output=True, timeout=60)
+        wait_for(lambda: "w" in runs(ledger), 60, "A to start the task")
+        host_a.cut()
+        cut_at = time.monotonic()
+        b = case.worker(host_b)
+        out_b = reading(b)
+
+        def run() -> dict[str, object]:
+            return store.rows("recent_runs", dag_id="one", state="", limit=1)[0]
+
+        wait_for(lambda: run()["state"] == "success", 60, "B to run the attempt to success",
+                 detail=lambda: "".join(out_b) + "".join(out_s))
+        recovered = time.monotonic() - cut_at
+        host_a.heal()
+        wait_for(lambda: "no longer ours" in "".join(out_a), 60, "A's late requeue refused",
+                 detail=lambda: "".join(out_a))
+        wait_for(lambda: broker.depth(events_queue).active == 0, 30,
+                 "the scheduler to take A's late events")
+        [ti] = store.rows("run_tis", run_id=run()["run_id"])
+        attempts = store.rows("run_attempts", run_id=run()["run_id"])
+        final = run()["state"]
+    finally:
+        store.close()
+        broker.close()
+        for proc in case.procs:
+            proc.terminate()
+        for proc in case.procs:
+            proc.wait(60)
+            if proc.stdout is not None:
+                name = f"reading {proc.pid}"
+                wait_for(lambda: not any(t.name == name   # noqa: B023
+                                         for t in threading.enumerate()), 10, "EOF")
+                proc.stdout.close()
+        with contextlib.suppress(RuntimeError):
+            host_a.heal()
+    first, second = runs(ledger)["w"]
+    print(f"\nDAG attempt: fenced on the cut-off worker, succeeded on another "
+          f"{recovered:.2f} s after the cut; the late events changed nothing")
+    assert "self-fenced" in "".join(out_a)
+    assert (ti["state"], ti["attempt"], final) == ("success", 1, "success"), ti
+    assert [(x["attempt"], x["outcome"]) for x in attempts] == [(1, "succeeded")], attempts
+    assert not first.ended and second.ended, (first, second)
+    assert_no_overlap(runs(ledger))
