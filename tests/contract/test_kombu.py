@@ -253,3 +253,25 @@ def test_an_amqp_queue_made_without_priorities_is_refused_saying_what_to_do(
     finally:
         connection.close()
         delete_rabbitmq_queues(unique + ".")
+
+
+def test_a_code_versions_amqp_queue_is_declared_to_expire(unique: str) -> None:
+    """`<queue>@<version>` on kombu+amqp gets x-expires, as on the rabbitmq broker: declared
+    again with another expiry, RabbitMQ refuses (406), which shows what it holds."""
+    require_service("rabbitmq")
+    import pika
+    name = f"{unique}.q@v1"
+    broker = from_url(f"kombu+{RABBITMQ_URL}?retry_seconds=1")
+    try:
+        broker.publish(name, b"x")
+    finally:
+        broker.close()
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ_URL))
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="x-expires"):
+            connection.channel().queue_declare(name, durable=True, arguments={
+                "x-max-priority": 3, "x-expires": 1})
+    finally:
+        if connection.is_open:
+            connection.close()
+        delete_rabbitmq_queues(unique + ".")

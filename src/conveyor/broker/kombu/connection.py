@@ -29,8 +29,10 @@ from conveyor.broker.kombu.settings import (
     priority_hint,
 )
 from conveyor.broker.kombu.subscription import Channels, Subscription
+from conveyor.broker.rabbitmq.settings import DEFAULT_PINNED_QUEUE_EXPIRES
 from conveyor.broker.reconnect import Reconnect, Recovery, quiet_library_loggers
 from conveyor.errors import BrokerError, ConfigError, one_line
+from conveyor.kinds import is_pinned_queue
 
 log = logging.getLogger("conveyor.broker.kombu")
 quiet_library_loggers("kombu", "amqp")
@@ -215,6 +217,10 @@ class KombuConnection(Broker):
         arguments = dict(self.settings.queue_arguments)
         if main and self.supports_priority and self.settings.transport in CONNECTION_BOUND:
             arguments["x-max-priority"] = TOP_BAND
+        if self.settings.transport in CONNECTION_BOUND and is_pinned_queue(name):
+            # a code version's queue (and its dead and delay queues) goes once unused, as on
+            # Conveyor's own RabbitMQ broker (rabbitmq/ladder.expiry)
+            arguments.setdefault("x-expires", int(DEFAULT_PINNED_QUEUE_EXPIRES * 1000))
         ok = self._channel.queue_declare(queue=name, durable=True, auto_delete=False,
                                          arguments=arguments or None)
         self._declared.add(name)
