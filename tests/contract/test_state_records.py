@@ -44,6 +44,22 @@ def test_records_hold_every_column_of_their_row(store: Store) -> None:
     assert isinstance(worker, WorkerRecord) and worker.runners == {"finished": {"q": [1, 0]}}
 
 
+def test_runs_and_their_task_instances_are_read_many_at_once(store: Store) -> None:
+    """What the Celery intake's canvas watcher reads each turn: two queries for any number
+    of runs (an unknown id is left out)."""
+    dag = DAG("many")
+    dag.command("a", ["true"]) >> dag.command("b", ["true"])
+    made = [create_run(store, dag, 1000.0 + i, executors=["queue"]) for i in range(3)]
+    run_ids = [r for r in made if r is not None]
+    found = Runs(store).many([*run_ids[:2], "no-such-run"])
+    assert sorted(found) == sorted(run_ids[:2])
+    assert all(run.dag_id == "many" for run in found.values())
+    tis = TaskInstances(store).of_runs(run_ids[:2])
+    assert sorted((ti.run_id, ti.task_id) for ti in tis) == sorted(
+        (r, t) for r in run_ids[:2] for t in ("a", "b"))
+    assert TaskInstances(store).of_runs([]) == []
+
+
 def monitoring_pairs(store: Store) -> list[tuple[Record, dict[str, Any]]]:
     """A queue sample, an autoscaler evaluation and change, and a scheduler lease: each
     written through its repository, read back as a record and as the raw row."""

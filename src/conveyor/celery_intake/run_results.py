@@ -2,11 +2,12 @@
 
 A canvas run's tasks report to the scheduler, like any DAG task's; the producer waits on
 Celery's backend. So the intake that started the run watches it, as `handle.result()`
-does for the Python canvas: it reads the run's task instances every `POLL` seconds and
-writes each ended one's document under the task's Celery id: SUCCESS with its result,
-FAILURE with its error once it failed for good (retries are the scheduler's), REVOKED if
-cancelled. A step that never ran because one before it failed stays PENDING, as with
-Celery, except a chord's callback, which fails with Celery's ChordError naming the member.
+does for the Python canvas: it reads its runs' task instances every `POLL` seconds (two
+queries for all its runs) and writes each ended one's document under the task's Celery
+id: SUCCESS with its result, FAILURE with its error once it failed for good (retries are
+the scheduler's), REVOKED if cancelled. A step that never ran because one before it
+failed stays PENDING, as with Celery, except a chord's callback, which fails with Celery's
+ChordError naming the member.
 
 Watches are kept in a Redis hash beside Celery's results (run id -> task ids, owner; under
 the state store's `prefix`), so they outlive the intake: each intake renews a key of its
@@ -109,9 +110,16 @@ class RunResults:
             self._next_renew = now + self.lease / 3
             self._renew_and_adopt()
         with self._lock:
-            owned = list(self._owned.items())
-        for run_id, watch in owned:
-            if self._look(store, run_id, watch):
+            owned = dict(self._owned)
+        if not owned:
+            return
+        runs = Runs(store).many(list(owned))
+        tis: dict[str, dict[str, TaskInstance]] = {}
+        for ti in TaskInstances(store).of_runs(list(runs)):
+            tis.setdefault(ti.run_id, {})[ti.task_id] = ti
+        for run_id, watch in owned.items():
+            run = runs.get(run_id)
+            if run is None or self._look(run.state, tis.get(run_id, {}), watch):
                 self.backend.call(partial(_forget, self.runs_key, run_id))
                 with self._lock:
                     self._owned.pop(run_id, None)
@@ -136,13 +144,10 @@ class RunResults:
             with self._lock:
                 self._owned.setdefault(run_id, _Watch(record))
 
-    def _look(self, store: Store, run_id: str, watch: _Watch) -> bool:
-        """Write the documents of tasks that ended; True once the run ended (or is gone)."""
-        run = Runs(store).get(run_id)
-        if run is None:
-            return True
+    def _look(self, state: str, tis: Mapping[str, TaskInstance], watch: _Watch) -> bool:
+        """Write the documents of the run's tasks that ended; True once the run (in
+        `state`) ended."""
         ids: Mapping[str, str] = watch.record["ids"]
-        tis = {ti.task_id: ti for ti in TaskInstances(store).of_run(run_id)}
         for task_id, ti in tis.items():
             if task_id in watch.written or task_id not in ids:
                 continue
@@ -150,7 +155,7 @@ class RunResults:
             if document is not None:
                 self.backend.store(document)
                 watch.written.add(task_id)
-        if run.state not in ENDED:
+        if state not in ENDED:
             return False
         for chord in watch.record.get("chords", []):
             first = tis.get(chord["first"])

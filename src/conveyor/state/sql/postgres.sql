@@ -139,6 +139,14 @@ VALUES (%(run_id)s, %(upstream)s, %(downstream)s);
 -- name: run
 SELECT * FROM conveyor_runs WHERE run_id = %(run_id)s;
 
+-- name: runs_by_ids
+SELECT * FROM conveyor_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: tis_of_runs
+SELECT * FROM conveyor_task_instances
+ WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+ ORDER BY run_id, position, COALESCE(map_index, -1);
+
 -- name: run_by_date
 SELECT * FROM conveyor_runs WHERE dag_id = %(dag_id)s AND logical_date = %(logical_date)s;
 

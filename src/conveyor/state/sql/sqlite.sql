@@ -133,6 +133,13 @@ INSERT INTO conveyor_edges (run_id, upstream, downstream) VALUES (:run_id, :upst
 -- name: run
 SELECT * FROM conveyor_runs WHERE run_id = :run_id;
 
+-- name: runs_by_ids
+SELECT * FROM conveyor_runs WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+
+-- name: tis_of_runs
+SELECT * FROM conveyor_task_instances WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+ ORDER BY run_id, position, COALESCE(map_index, -1);
+
 -- name: run_by_date
 SELECT * FROM conveyor_runs WHERE dag_id = :dag_id AND logical_date = :logical_date;
 
