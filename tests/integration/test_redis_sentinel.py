@@ -20,7 +20,7 @@ from conveyor.results import ResultRecord
 from tests.integration.sentinel_servers import MASTER, SentinelCluster, deployment
 from tests.support import free_port, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("redis-sentinel")]
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ from tests.integration.sentinel_servers import SentinelCluster, deployment
 from tests.integration.workerkit import finish, start_worker, stop, task_message
 from tests.support import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# one deployment for both modes: the module's tests stay in one xdist worker
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.xdist_group("sentinel-failover")]
 
 TASKS = 600
 PRODUCERS = 2
