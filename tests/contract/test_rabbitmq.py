@@ -237,7 +237,7 @@ def test_dead_letter_reason_time_and_count_round_trip(
     assert broker.dead_letters(queue, limit=1) == listed[:1]
     # a browse hands its dead letters back with a nack, which RabbitMQ applies a moment
     # later: a passive declare right after may still miss one (seen under load)
-    wait_for(lambda: broker.depth(queue).dead == 2, 5, "both dead letters counted again")
+    wait_for(lambda: broker.depth(queue).dead == 2, 30, "both dead letters counted again")
 
     assert broker.requeue_dead(queue, [listed[1].id]) == 1
     back = first(broker, [queue])
@@ -662,7 +662,9 @@ def test_a_priority_keeps_its_band_through_delay_retry_and_dead_letters(
     broker = open_broker()
     for body in (b"low 0", b"low 1", b"low 2"):
         broker.publish(queue, body)
-    broker.publish(queue, b"high", priority=5, delay=0.3)
+    # delayed long enough to be seen delayed: 0.3 s could pass before a loaded machine's
+    # first depth (passive declares and a management listing) was read
+    broker.publish(queue, b"high", priority=5, delay=2.0)
     assert wait_for(lambda: broker.depth(queue) == Depth(3, 0, 1, 0), timeout=10)
     assert wait_for(lambda: broker.depth(queue).ready == 4, timeout=10)
     delivery = first(broker, [queue], timeout=5)

@@ -150,10 +150,10 @@ def test_zero_watch_pokes_on_work_and_holds_no_broker_away_from_zero(tmp_path: P
         time.sleep(0.2)
         assert not opened, "not at zero yet: nothing to watch"
         watch.at_zero(True)
-        wait_for(lambda: opened, 5, "the watch to open its broker at zero")
+        wait_for(lambda: opened, 30, "the watch to open its broker at zero")
         publisher.publish(q, BODY)
         assert poked.wait(30), "new work at zero pokes the daemon"
-        wait_for(lambda: watch._broker is None, 5, "left zero: the broker is closed")
+        wait_for(lambda: watch._broker is None, 30, "left zero: the broker is closed")
         assert len(opened) == 1
         watch.at_zero(True)  # back at zero with the message still there: pokes again
         poked.clear()

@@ -143,11 +143,11 @@ def test_a_deadline_missed_with_no_worker_is_recorded_and_fires_once(
         run_id = trigger_run(env, "cblate")
         missed = wait_for(lambda: store.one("run", run_id=run_id)["deadline_missed_at"],
                           timeout=30, what="the deadline to be found missed")
-        callback = wait_for(lambda: store.one("run_callbacks", run_id=run_id), timeout=5,
+        callback = wait_for(lambda: store.one("run_callbacks", run_id=run_id), timeout=30,
                             what="the deadline's callback to be recorded")
         assert callback["kind"] == "deadline"
         wait_for(lambda: store.one("run_callbacks", run_id=run_id)["state"] == "published",
-                 timeout=5, what="the deadline's callback to be published")
+                 timeout=30, what="the deadline's callback to be published")
         assert not ledger(tmp_path)          # recorded and queued: no worker to run it yet
         # the scheduler alone serves the alert while no worker is up
         wait_for(lambda: "conveyor_deadline_missed_total 1.0" in scraped(port), timeout=10,
