@@ -79,8 +79,9 @@ def flagged(env: str, help: str, default: Any = "", kind: Callable[[str], Any] =
 SCHEDULER = ("scheduler",)
 
 TABLE = (
-    Setting("CONVEYOR_BROKER_URL", "broker URL: sqlite:///…, redis://…, amqp://…, "
-            "postgresql://…, kombu+<transport>://… (default: the embedded SQLite file)",
+    Setting("CONVEYOR_BROKER_URL", "broker URL: sqlite:///…, redis://…, "
+            "redis+sentinel://…, amqp://…, postgresql://…, kombu+<transport>://… (default: "
+            "the embedded SQLite file)",
             kind=kinds.url, flags=("-b", "--broker"),
             flag_help="broker URL (default: the embedded SQLite file)",
             variants={"autoscaler": Variant("broker URL (default: the file's broker_url, else "
@@ -101,15 +102,16 @@ TABLE = (
             "dead-lettered"),
     Setting("CONVEYOR_MAX_MESSAGE_BYTES", "largest message accepted; bigger ones are "
             "dead-lettered", DEFAULT_MAX_BYTES, kinds.size),
-    Setting("CONVEYOR_RESULT_URL", "where task results are kept: redis://…, sqlite:///… or "
-            "postgresql://… (default: the broker's Redis, else the state store)", kind=kinds.url),
+    Setting("CONVEYOR_RESULT_URL", "where task results are kept: redis://…, "
+            "redis+sentinel://…, sqlite:///… or postgresql://… (default: the broker's Redis, "
+            "else the state store)", kind=kinds.url),
     Setting("CONVEYOR_RESULT_TTL", "seconds a stored task result is kept", 86400.0,
             kinds.positive_seconds),
     Setting("CONVEYOR_RESULT_MAX_BYTES", "largest task result stored; a task returning more "
             "fails", DEFAULT_MAX_BYTES, kinds.size),
-    Setting("CONVEYOR_LIMITS_URL", "where flow-control limits are kept: redis://…, sqlite:///… "
-            "or postgresql://… (default: the broker unless it is RabbitMQ or kombu, then the "
-            "state store)", kind=kinds.url, flags=("--limits-url",),
+    Setting("CONVEYOR_LIMITS_URL", "where flow-control limits are kept: redis://…, "
+            "redis+sentinel://…, sqlite:///… or postgresql://… (default: the broker unless it "
+            "is RabbitMQ or kombu, then the state store)", kind=kinds.url, flags=("--limits-url",),
             flag_help="where limits are kept (default: the broker unless it is RabbitMQ or "
                       "kombu, then the state store)"),
     Setting("CONVEYOR_TRACING", "OpenTelemetry traces (needs conveyor[otel]): off, console, "
