@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import redis
 from celery import chain, chord, group
-from celery.exceptions import ChordError
+from celery.exceptions import ChordError, TaskRevokedError
 from kombu.exceptions import ContentDisallowed
 
 from conveyor.broker import from_url
@@ -474,3 +474,39 @@ def test_a_worker_killed_mid_chain_loses_and_repeats_nothing(
                      "start three": 1, "done three": 1}
     assert [r["state"] for r in runs.rows("recent_runs", dag_id="", state="", limit=5)] == [
         "success"]
+
+
+@pytest.mark.parametrize("setup", ["redis"], indirect=True)
+def test_celery_revoke_cancels_a_task_of_a_canvas_run(
+        setup: Setup, runs: Runs, tmp_path: Path) -> None:  # noqa: F811
+    """revoke(id) of a chain's pending step cancels it in the run: what follows never runs,
+    `get()` raises TaskRevokedError; a revoke of the running step lets it go on."""
+    marker, release = str(tmp_path / "running"), str(tmp_path / "release")
+    app = setup.app
+    setup.worker(**runs.env)
+    sent = chain(app.signature("t.wait_for_file", args=(marker, release), immutable=True),
+                 app.tasks["t.add"].si(1, 1), app.tasks["t.add"].s(1)).apply_async()
+    setup.task_ids += every_id(sent)
+    waiting, running = sent.parent, sent.parent.parent
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)   # Celery's, as above
+        wait_for(lambda: Path(marker).exists(), 60, "the first step to run",
+                 detail=setup.output)
+        app.control.revoke(running.id)              # running: goes on, as in Celery
+        app.control.revoke(waiting.id)              # pending: never runs
+
+        def states() -> dict[str, str]:
+            run = runs.rows("recent_runs", dag_id="", state="", limit=1)[0]
+            return {r["task_id"]: r["state"] for r in runs.rows("run_tis",
+                                                                run_id=run["run_id"])}
+        wait_for(lambda: states().get("add-1") == "cancelled", 30, "the revoke",
+                 detail=setup.output)
+        Path(release).write_text("go")
+        with pytest.raises(TaskRevokedError):
+            waiting.get(timeout=60)
+        assert running.get(timeout=60) == "released"
+        gc.collect()
+    wait_for(lambda: runs.rows("recent_runs", dag_id="", state="", limit=1)[0]["state"]
+             == "failed", 30, "the run to end")
+    assert states() == {"wait_for_file-0": "success", "add-1": "cancelled",
+                        "add-2": "upstream_failed"}

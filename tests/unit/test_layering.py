@@ -67,6 +67,8 @@ ALLOWED = {
         "by its builder",
     ("conveyor.celery_intake.canvas_runs", "conveyor.scheduler.runs"):
         "... and created as every run is (unique per DAG and logical date)",
+    ("conveyor.celery_intake.canvas_runs", "conveyor.scheduler.cancel"):
+        "Celery's revoke of a canvas run's task is `conveyor tasks cancel` of it",
     ("conveyor.celery_intake.run_results", "conveyor.scheduler.canvas"):
         "a canvas run's failure read back as `handle.result()` reads it",
     ("conveyor.celery_intake.intake", "conveyor.scheduler.config"):

@@ -16,6 +16,10 @@ and a run of that DAG and date is unique; a second try finds the run it made (it
 names the canvas). Then the run is watched (`run_results.RunResults`), the scheduler is
 woken, and only then is the message acked: a crash at any point does it again, and the
 again finds what was done.
+
+Celery's `revoke(id)` of a task of a canvas run (`revoke`) cancels that task of the run
+(`conveyor tasks cancel`): what follows it never runs and the producer's `get()` raises
+TaskRevokedError; one already running goes on unless `terminate=True`, as in Celery.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import redis
@@ -35,10 +40,12 @@ from conveyor.celery_intake.canvas_plan import plan_of
 from conveyor.celery_intake.conversion import CeleryMessage, arguments
 from conveyor.celery_intake.results import RedisResults
 from conveyor.celery_intake.run_results import RunResults, watch_record
+from conveyor.scheduler.cancel import cancel_task
 from conveyor.scheduler.canvas import RUN_TYPE, plan
 from conveyor.scheduler.runs import create_run
 from conveyor.state.runs import Runs
 from conveyor.state.store import Store
+from conveyor.state.tasks import TaskInstances
 
 log = logging.getLogger("conveyor.celery_intake")
 
@@ -48,6 +55,8 @@ KEPT = 86400
 #: members kept so far.
 START_KEY = "start:{key}"
 MEMBERS_KEY = "members:{group}"
+#: A task of a canvas run by its Celery id: [run id, task id], for Celery's revoke.
+TASK_KEY = "task:{celery_id}"
 
 
 class CanvasRuns:
@@ -55,10 +64,13 @@ class CanvasRuns:
 
     def __init__(self, backend: RedisResults, open_store: Callable[[], Store],
                  watcher: RunResults, wake: Callable[[str], None],
-                 executors: Sequence[str] = ("queue",)) -> None:
+                 executors: Sequence[str] = ("queue",),
+                 cancel: Callable[[str], object] = lambda ref: None) -> None:
         """`open_store`: the scheduler's state store (CONVEYOR_STATE_URL), opened on first
-        use; `wake(run_id)`: tells the schedulers a run waits (their control queue)."""
+        use; `wake(run_id)`: tells the schedulers a run waits (their control queue);
+        `cancel`: `Client.cancel`, which stops an attempt a worker holds."""
         self.backend = backend
+        self.cancel = cancel
         self._open_store = open_store
         self._store: Store | None = None
         self.watcher = watcher
@@ -80,7 +92,9 @@ class CanvasRuns:
         dag, _shape, nodes = plan(made.canvas)
         dag.validate(self.executors)
         run_id = self._create(dag, key)
-        self.watcher.watch(run_id, watch_record(made, nodes))
+        record = watch_record(made, nodes)
+        self.watcher.watch(run_id, record)
+        self.backend.call(partial(_index, self.watcher.prefix, run_id, record["ids"]))
         self.wake(run_id)
         log.info("Celery canvas %s is run %s (%s, %d tasks)", key, run_id, dag.dag_id,
                  len(dag.tasks))
@@ -107,6 +121,28 @@ class CanvasRuns:
         raise CanvasRefused(f"could not create a run of {dag.dag_id}: 1000 runs at the same "
                             "time")
 
+    def revoke(self, celery_id: str, terminate: bool) -> bool:
+        """Celery's revoke of `celery_id`, if it is a task of a canvas run (True: it was,
+        and is cancelled unless it runs and `terminate` is False)."""
+        found = self.backend.call(
+            lambda client: client.get(self.watcher.prefix + TASK_KEY.format(celery_id=celery_id)))
+        if found is None:
+            return False
+        run_id, task_id = json.loads(found)
+        store = self._open_store()   # the revokes thread's own connection
+        try:
+            ti = TaskInstances(store).by_task(run_id, task_id)
+            if ti is not None and ti.state == "running" and not terminate:
+                log.info("Celery revoke of %s: task %s of run %s is running and goes on "
+                         "(terminate=True stops it)", celery_id, task_id, run_id)
+                return True
+            outcome = cancel_task(store, run_id, task_id, time.time(), self.cancel)
+        finally:
+            store.close()
+        log.info("Celery revoke of %s: %s", celery_id, outcome.describe(
+            f"{task_id} in run {run_id}"))
+        return True
+
     def store(self) -> Store:
         if self._store is None:
             self._store = self._open_store()
@@ -115,6 +151,15 @@ class CanvasRuns:
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
+
+
+def _index(prefix: str, run_id: str, ids: Mapping[str, str], client: redis.Redis) -> None:
+    """Each task of the run under its Celery id, for a day (Celery's revoke finds it)."""
+    with client.pipeline(transaction=False) as pipe:
+        for task_id, celery_id in ids.items():
+            pipe.set(prefix + TASK_KEY.format(celery_id=celery_id),
+                     json.dumps([run_id, task_id]), ex=KEPT)
+        pipe.execute()
 
 
 def task_ids(value: Any) -> list[str]:

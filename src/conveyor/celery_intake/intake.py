@@ -145,7 +145,8 @@ class Intake:
         self._outcomes = OutcomeLoop(brokers.from_url(c.broker_url or None),
                                      tuple(rejects_queue(q) for q in c.celery_queues),
                                      backend, self._stop, follower, self._canvas)
-        self._revokes = Revokes(celery_connection(c.celery_broker_url), client.cancel)
+        self._revokes = Revokes(celery_connection(c.celery_broker_url), client.cancel,
+                                canvas=self._canvas.revoke if self._canvas else None)
         log.info("Celery intake: taking %s from %s into %s; results %s; chains and chords %s",
                  ",".join(c.celery_queues), redact(c.celery_broker_url), ",".join(c.queues),
                  f"to {backend.where} via {RESULTS_QUEUE}" if backend else "not written "
@@ -178,7 +179,7 @@ class Intake:
         watcher = RunResults(backend, partial(stores.from_url, state_url), prefix(state_url),
                              self._stop)
         return CanvasRuns(backend, partial(stores.from_url, state_url), watcher, wake,
-                          config.executors)
+                          config.executors, client.cancel)
 
     def _guard(self, name: str, target: Callable[[], Any]) -> None:
         try:

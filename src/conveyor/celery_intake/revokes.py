@@ -41,10 +41,14 @@ class Revokes(ConsumerMixin):
     """A kombu consumer thread for Celery's control commands; only `revoke` is acted on."""
 
     def __init__(self, connection: kombu.Connection, cancel: Callable[[str], object],
-                 namespace: str = NAMESPACE) -> None:
-        """`cancel`: `Client.cancel`, given a message id or its `unstarted_ref`."""
+                 namespace: str = NAMESPACE,
+                 canvas: Callable[[str, bool], bool] | None = None) -> None:
+        """`cancel`: `Client.cancel`, given a message id or its `unstarted_ref`;
+        `canvas(id, terminate)`: revokes a task of a canvas run, False if `id` is none
+        (`CanvasRuns.revoke`)."""
         self.connection = connection
         self._cancel = cancel
+        self._canvas = canvas
         self.mailbox = Mailbox(namespace, type="fanout", accept=["json"])
         self.hostname = f"conveyor-intake.{os.getpid()}@{socket.gethostname()}"
 
@@ -67,6 +71,8 @@ class Revokes(ConsumerMixin):
         the one a Celery worker gives, sent if the caller asked for replies."""
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
         for message_id in ids:
+            if self._canvas is not None and self._canvas(message_id, terminate):
+                continue
             result = self._cancel(message_id if terminate else unstarted_ref(message_id))
             log.info("Celery revoke%s of %s: %s", " (terminate)" if terminate else "",
                      message_id, getattr(result, "value", result))
