@@ -274,8 +274,10 @@ def test_a_slow_lossy_link_loses_nothing(case: Case) -> None:
         relay.close()
     by_tag = runs(case.ledger)
     fenced = out_a.count("self-fenced")
+    unstarted = out_a.count("not started: its lease could not be renewed")
     print(f"\n{case.url.split(':')[0]}: 4 tasks over a slow link ({host_a.slowed_by}) in "
-          f"{took:.1f} s; {fenced} run(s) self-fenced")
+          f"{took:.1f} s; {fenced} run(s) self-fenced, {unstarted} claimed one(s) given back "
+          "unstarted as their lease lapsed")
     assert sorted(by_tag) == sorted(f"s{n}" for n in range(4)), out_a
     assert all(r[-1].ended for r in by_tag.values()), out_a
     assert sum(len(r) - 1 for r in by_tag.values()) == fenced, out_a
