@@ -45,15 +45,16 @@ WIDTH = 16   # tasks per fan-out
 SECONDS = 0.4   # each task's run
 WORKERS, CONCURRENCY = 2, 4
 PUBLISHED = 150   # messages a publisher sends, one every 50 ms, across the failover
-MODULE_STARTED = time.monotonic()
 
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
+    started = time.monotonic()
     cluster = standby_pair()
     yield cluster
     cluster.close()
-    print(f"\npostgres failover module: {time.monotonic() - MODULE_STARTED:.1f} s wall")
+    print(f"\npostgres failover module: {time.monotonic() - started:.1f} s wall (cluster made, "
+          "tests run, cluster gone)")
 
 
 def dag_source(ledger: Path) -> str:
