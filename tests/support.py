@@ -77,7 +77,7 @@ def task_instance(**given: Any) -> TaskInstance:
     fields |= dict.fromkeys(("queued_at", "published_at", "started_at", "heartbeat_at",
                              "ended_at", "next_retry_at", "deadline", "error", "hostname",
                              "pid", "result", "tries", "claimed_by", "map_index", "map_task",
-                             "map_count", "waiting_for"))
+                             "map_count", "waiting_for", "trigger_event"))
     return TaskInstance(**{**fields, **given})
 
 

@@ -41,6 +41,7 @@ from conveyor.flow import Limit, Rate
 from conveyor.message import Message
 from conveyor.results.handle import ResultHandle
 from conveyor.tasks import (
+    Defer,
     Retry,
     Skip,
     SoftTimeLimitExceeded,
@@ -103,6 +104,7 @@ __all__ = [
     "ConveyorError",
     "DagError",
     "DeadLettered",
+    "Defer",
     "Deadline",
     "DeadlineReference",
     "Event",

@@ -42,6 +42,9 @@ class TaskContext:
     upstream_values: Mapping[str, Any] = field(default_factory=dict)
     #: the asset (and named) events that started the run: uri, extra, source, created_at...
     triggering_asset_events: tuple[Mapping[str, Any], ...] = ()
+    #: what the trigger it deferred on fired with (`conveyor.Defer`); None in a task's first
+    #: segment (not resumed from a deferral)
+    trigger_event: Any = None
 
     def upstream(self, task_id: str) -> Any:
         """What upstream task `task_id` of this run returned."""
@@ -76,7 +79,8 @@ class TaskContext:
                    map_index=int(headers.get("map_index", -1)),
                    conf=_object(headers.get("conf")),
                    upstream_values=_object(headers.get("upstream")),
-                   triggering_asset_events=_events(headers.get("asset_events")))
+                   triggering_asset_events=_events(headers.get("asset_events")),
+                   trigger_event=_payload(headers.get("trigger_event")))
 
 
 def _object(text: str | None) -> dict[str, Any]:
@@ -86,6 +90,11 @@ def _object(text: str | None) -> dict[str, Any]:
         return {}
     value: dict[str, Any] = json.loads(text)
     return value
+
+
+def _payload(text: str | None) -> Any:
+    """The `trigger_event` header (JSON), absent unless the task resumed from a deferral."""
+    return json.loads(text) if text else None
 
 
 def _events(text: str | None) -> tuple[Mapping[str, Any], ...]:
@@ -160,6 +169,12 @@ class CurrentContext:
     def map_index(self) -> int:
         """Which element this instance of a mapped task runs (-1: not mapped, as Airflow)."""
         return self.get().map_index
+
+    @property
+    def trigger_event(self) -> Any:
+        """What the trigger this task deferred on fired with (`conveyor.Defer`); None in
+        its first segment: a task that defers tells the two apart by it."""
+        return self.get().trigger_event
 
     @property
     def triggering_asset_events(self) -> tuple[Mapping[str, Any], ...]:

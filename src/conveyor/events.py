@@ -26,7 +26,9 @@ KINDS = ("started", "heartbeat", "succeeded", "failed", "retried", "oom_killed",
          # acked on a cancel (`Client.cancel`): before it started, or stopped while running
          "cancelled",
          # the task raised Skip (or its command exited with a skip code): acked, not retried
-         "skipped")
+         "skipped",
+         # the task raised Defer: acked; `result` is its trigger, which the scheduler records
+         "deferred")
 #: Kinds after which the attempt is over (the message was settled one way or another).
 FINAL = frozenset({"succeeded", "dead_lettered", "expired", "cancelled", "skipped"})
 #: Kinds of a task that ended well: it ran to its end, or skipped itself. Neither is a

@@ -262,6 +262,13 @@ FLAGS = (
             "in `runs list` and the dashboard; needs a scheduler on the state store), follow "
             "(this worker follows them, no scheduler), auto (runs when --state is given)",
             "auto", kinds.celery_canvas, flags=("--celery-canvas",)),
+    flagged("CONVEYOR_TRIGGERER_LEASE", "seconds a triggerer's claim on a trigger lasts: a killed "
+            "triggerer's triggers are run by another this soon", 10.0, kinds.positive_seconds,
+            flags=("--lease",)),
+    flagged("CONVEYOR_TRIGGERER_POLL", "seconds between a triggerer's looks for new deferred "
+            "tasks", 1.0, kinds.positive_seconds, flags=("--poll",)),
+    flagged("CONVEYOR_TRIGGERER_CAPACITY", "most triggers one triggerer runs at once", 10000,
+            kinds.positive_int, flags=("--capacity",)),
     flagged("CONVEYOR_SCHEDULER_BURST", "exit when no run is queued or running", False, bool,
             flags=("--burst",)),
     flagged("CONVEYOR_LOCAL_SLOTS", "tasks the local executor runs at once", 4, kinds.positive_int,

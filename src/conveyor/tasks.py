@@ -56,6 +56,21 @@ class Skip(ConveyorError):
         super().__init__(reason)
 
 
+class Defer(ConveyorError):
+    """Raise inside a DAG task to wait without a worker slot (Airflow's deferral): the
+    runner exits, a `conveyor triggerer` runs `trigger` (conveyor.triggers: a time, a
+    delay, a file, an HTTP endpoint, a SQL query, or one's own), and when it fires the task
+    runs again, the same attempt, with the trigger's payload in `context.trigger_event`.
+    Not fired within `timeout` seconds (None: no limit), the attempt fails `timed_out`
+    (retried while attempts remain, like any timeout). A task enqueued outside a DAG has
+    no scheduler to resume it: it fails, saying so."""
+
+    def __init__(self, trigger: Any, timeout: float | None = None) -> None:
+        super().__init__(f"deferred on {type(trigger).__name__}")
+        self.trigger = trigger
+        self.timeout = timeout
+
+
 class SoftTimeLimitExceeded(ConveyorError):
     """Raised inside a task when its soft time limit passes; clean up and return or raise."""
 

@@ -35,7 +35,7 @@ LEAN = {"worker": "conveyor.worker.cli"}
 #: Every other command group, in the order `conveyor --help` lists them.
 COMMANDS = ("conveyor.cli.demo", "conveyor.worker.cli", "conveyor.cli.enqueue",
             "conveyor.scheduler.cli", "conveyor.cli.dags", "conveyor.cli.runs",
-            "conveyor.cli.assets",
+            "conveyor.cli.assets", "conveyor.triggerer.cli",
             "conveyor.autoscaler.cli", "conveyor.cli.configuration", "conveyor.cli.status",
             "conveyor.cli.deadletters", "conveyor.cli.limits", "conveyor.cli.ui",
             "conveyor.cli.up")
@@ -60,7 +60,7 @@ def _hide_from_tasks() -> None:
 
 
 #: Commands that run for a while and log: they take --log-level and --log-format.
-DAEMONS = ("worker", "scheduler", "autoscaler", "ui", "up")
+DAEMONS = ("worker", "scheduler", "triggerer", "autoscaler", "ui", "up")
 
 
 def _log_flags(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -35,7 +35,7 @@ from conveyor.state.tasks import Attempts, TaskInstances
 #: States of a task instance whose attempt a worker may hold.
 ACTIVE = ("queued", "running")
 #: States of a task instance that has not ended.
-OPEN = ("pending", *ACTIVE, "up_for_retry")
+OPEN = ("pending", *ACTIVE, "up_for_retry", "deferred")
 
 #: `Client.cancel`: records a message (here an attempt's) id as cancelled.
 Cancel = Callable[[str], object]

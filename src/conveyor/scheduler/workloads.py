@@ -26,17 +26,7 @@ def workload(ti: TaskInstance, events_queue: str, upstream: Mapping[str, Any] | 
     starts it later, so the attempt the scheduler times out never runs. `queue`: where a
     run pinned to its code sends it (pinning.py), else the task's own."""
     spec = ti.spec
-    ref = {"ti": ti.ti_id, "attempt": str(ti.attempt)}
-    if spec.get("conf"):
-        ref["conf"] = json.dumps(spec["conf"])
-    if spec.get("dag_id"):
-        ref["dag"] = spec["dag_id"]
-    if "map_index" in spec:
-        ref["map_index"] = str(spec["map_index"])
-    if spec.get("asset_events"):   # the asset events that started the run
-        ref["asset_events"] = json.dumps(spec["asset_events"])
-    if spec.get("logical_date"):
-        ref["logical_date"] = spec["logical_date"]
+    ref = _context_headers(ti)
     if upstream:
         ref["upstream"] = json.dumps(upstream)
     if spec.get("limits"):
@@ -60,3 +50,22 @@ def workload(ti: TaskInstance, events_queue: str, upstream: Mapping[str, Any] | 
         headers={**ref, "settle": "report", "run": ti.run_id, "task_id": ti.task_id},
         **timing)
     return Workload(message, spec.get("executor_config", {}))
+
+
+def _context_headers(ti: TaskInstance) -> dict[str, str]:
+    """The headers the task's context is read from (conveyor/context.py)."""
+    spec = ti.spec
+    ref = {"ti": ti.ti_id, "attempt": str(ti.attempt)}
+    if spec.get("conf"):
+        ref["conf"] = json.dumps(spec["conf"])
+    if spec.get("dag_id"):
+        ref["dag"] = spec["dag_id"]
+    if "map_index" in spec:
+        ref["map_index"] = str(spec["map_index"])
+    if spec.get("asset_events"):   # the asset events that started the run
+        ref["asset_events"] = json.dumps(spec["asset_events"])
+    if ti.trigger_event is not None:   # resumed from a deferral: what its trigger fired with
+        ref["trigger_event"] = ti.trigger_event
+    if spec.get("logical_date"):
+        ref["logical_date"] = spec["logical_date"]
+    return ref

@@ -148,6 +148,9 @@ class TaskInstance(Record):
     #: held unpublished until a worker of this code version is alive (its run is pinned
     #: to its code: scheduler/pinning.py); None: not held
     waiting_for: str | None
+    #: what the trigger of a deferred attempt fired with (JSON text): the resumed segment's
+    #: `context.trigger_event` (None: not resumed from a deferral)
+    trigger_event: str | None
 
     @classmethod
     def from_row(cls, row: Row) -> Self:

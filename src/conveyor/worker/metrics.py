@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 OUTCOMES = ("succeeded", "failed", "oom_killed", "timed_out", "dead_lettered", "retried",
-            "interrupted", "expired", "cancelled", "skipped")
+            "interrupted", "expired", "cancelled", "skipped", "deferred")
 
 
 class Metrics:

@@ -18,7 +18,7 @@ from conveyor.events import ENDED_WELL
 from conveyor.retry import backoff_delay
 
 Kind = Literal["succeeded", "failed", "oom_killed", "timed_out", "killed", "lost",
-               "interrupted", "retry_requested", "cancelled", "skipped"]
+               "interrupted", "retry_requested", "cancelled", "skipped", "deferred"]
 #: Outcomes that spend the task's retry budget (a fault of the task itself).
 FAULTS = frozenset({"failed", "oom_killed", "timed_out", "killed", "lost", "retry_requested"})
 
@@ -67,10 +67,21 @@ def classify(facts: Facts) -> Outcome:
                        asset_extra=report.get("asset_extra") or {})
     if kind == "skipped":   # it raised Skip, or its command exited with a skip code
         return Outcome("skipped", reason=report.get("reason", ""))
+    if kind == "deferred" and _exited_cleanly(facts.exit_status):   # it raised Defer
+        return Outcome("deferred", result=report.get("deferral"), reason=report.get("reason", ""))
     if kind in ("failed", "timed_out", "retry_requested"):
         return Outcome(kind, error=report.get("error", {}), reason=report.get("reason", ""),
                        retry_delay=report.get("retry_delay"))
     return _from_exit_status(facts.exit_status, facts.last_words)
+
+
+def outside_dag(outcome: Outcome) -> Outcome:
+    """A deferral of a task enqueued on its own (no scheduler to resume it): a failure
+    that says so."""
+    why = ("Defer is for DAG tasks: a task enqueued on its own has no scheduler to resume "
+           "it when its trigger fires; wait in the task, raise Retry(delay=...), or run it "
+           "in a DAG")
+    return Outcome("failed", reason=why, error={"type": "DeferError", "message": why})
 
 
 def _exited_cleanly(status: int | None) -> bool:
@@ -115,6 +126,8 @@ def decide(outcome: Outcome, attempt: int, budget: Budget, report_only: bool = F
     acked after it is reported, never retried or dead-lettered here.
     """
     if outcome.kind in ENDED_WELL or outcome.kind == "cancelled":  # never retried
+        return Action("ack", reason=outcome.reason)
+    if outcome.kind == "deferred":   # its scheduler runs it again when its trigger fires
         return Action("ack", reason=outcome.reason)
     if outcome.kind == "interrupted":
         return Action("requeue", reason=outcome.reason)

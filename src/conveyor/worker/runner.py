@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from conveyor.context import TaskContext, context
 from conveyor.errors import Cancelled, UnknownTask
-from conveyor.tasks import PROCESS_INIT, Retry, Skip, SoftTimeLimitExceeded, lookup
+from conveyor.tasks import PROCESS_INIT, Defer, Retry, Skip, SoftTimeLimitExceeded, lookup
 from conveyor.tracing import TRACEPARENT
 from conveyor.worker import followups, frames, isolation
 
@@ -219,6 +219,8 @@ def _run_task(message: dict[str, Any], channel: socket.socket) -> dict[str, Any]
         return {"outcome": "unknown_task", "reason": str(exc)}
     except Skip as exc:
         return {"outcome": "skipped", "reason": str(exc)}
+    except Defer as exc:
+        return _deferral(exc)
     except Retry as exc:
         return {"outcome": "retry_requested", "reason": str(exc), "retry_delay": exc.delay,
                 "error": _error(exc)}
@@ -228,6 +230,21 @@ def _run_task(message: dict[str, Any], channel: socket.socket) -> dict[str, Any]
         return {"outcome": "cancelled", "error": _error(exc)}
     except BaseException as exc:  # noqa: BLE001 - any task failure becomes a report
         return {"outcome": "failed", "error": _error(exc)}
+
+
+def _deferral(defer: Defer) -> dict[str, Any]:
+    """The report of a task that deferred: its trigger as the state store keeps it; a
+    trigger that cannot be described fails the task, saying why."""
+    from conveyor.triggers.base import Trigger, TriggerError
+    try:
+        if not isinstance(defer.trigger, Trigger):
+            raise TriggerError(f"Defer needs a conveyor.triggers.Trigger, not "
+                               f"{type(defer.trigger).__name__}")
+        classpath, kwargs = defer.trigger.serialize()
+    except TriggerError as exc:
+        return {"outcome": "failed", "error": _error(exc)}
+    return {"outcome": "deferred", "reason": str(defer),
+            "deferral": {"classpath": classpath, "kwargs": kwargs, "timeout": defer.timeout}}
 
 
 def _exec_command(command: list[str], channel: socket.socket,

@@ -52,6 +52,7 @@ from conveyor.worker.outcome import (
     classify,
     decide,
     exec_report,
+    outside_dag,
 )
 from conveyor.worker.pool import Runner, RunnerPool
 from conveyor.worker.run import Run, slots
@@ -318,7 +319,11 @@ class Supervisor(Intake):
                 self.clock.cancel(timer)
             outcome = self.observers.finished(run, self._outcome(run, runner))
             report_only = run.message.headers.get("settle") == "report"
-            action = self._action(run, outcome, runner, report_only)
+            if outcome.kind == "deferred" and not report_only:   # no scheduler to resume it
+                outcome = outside_dag(outcome)
+                action = Action("dead_letter", reason=outcome.reason)
+            else:
+                action = self._action(run, outcome, runner, report_only)
             self.observers.decided(run, runner, outcome, action)
             self._report(run, outcome, action, runner.ended - run.started)
             action = self.observers.settling(run, outcome, action)
@@ -347,7 +352,7 @@ class Supervisor(Intake):
         retry_in = action.delay if action.verb == "retry" else 0.0
         kind = {"killed": "failed", "lost": "failed", "retry_requested": "failed"}.get(
             outcome.kind, outcome.kind)
-        if kind not in ("interrupted", "cancelled"):   # requeued at shutdown, or stopped
+        if kind not in ("interrupted", "cancelled", "deferred"):   # it goes on later
             done, failed = self.finished.get(queue, (0, 0))
             ok = kind in ENDED_WELL
             self.finished[queue] = (done + ok, failed + (not ok))
@@ -362,7 +367,7 @@ class Supervisor(Intake):
             self._tell("retried", m, queue, reason=action.reason, retry_in=retry_in)
         elif action.verb == "dead_letter":
             self._tell("dead_lettered", m, queue, reason=action.reason)
-        level = logging.INFO if outcome.kind in ENDED_WELL else logging.WARNING
+        level = logging.INFO if outcome.kind in (*ENDED_WELL, "deferred") else logging.WARNING
         if log.isEnabledFor(level):  # its label is formatted eagerly: not for nothing
             log.log(level, "%s %s in %.3fs -> %s %s", run.log_label, outcome.kind, duration,
                     action.verb, action.reason)

@@ -283,7 +283,7 @@ RETURNING task_id;
 UPDATE conveyor_task_instances
    SET state = 'queued', attempt = attempt + 1, queued_at = %(now)s, published_at = NULL,
        waiting_for = NULL, started_at = NULL, heartbeat_at = NULL, ended_at = NULL, hostname = NULL, pid = NULL,
-       claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
+       trigger_event = NULL, claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
  WHERE ti_id IN (SELECT ti_id FROM conveyor_task_instances
                   WHERE state = 'up_for_retry' AND deadline <= %(now)s
                   ORDER BY deadline LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
@@ -327,7 +327,7 @@ UPDATE conveyor_task_instances
    SET attempt = attempt + 1, tries = COALESCE(tries, max_attempts),
        max_attempts = max_attempts + 1, published_at = NULL, started_at = NULL,
        heartbeat_at = NULL, hostname = NULL, pid = NULL, waiting_for = NULL,
-       claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
+       trigger_event = NULL, claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'queued'
    AND published_at IS NOT NULL
 RETURNING *;
@@ -354,7 +354,7 @@ UPDATE conveyor_task_instances
 
 -- name: due
 SELECT ti_id, run_id, state, attempt, published_at FROM conveyor_task_instances
- WHERE deadline <= %(now)s AND state IN ('queued', 'running')
+ WHERE deadline <= %(now)s AND state IN ('queued', 'running', 'deferred')
  ORDER BY deadline LIMIT %(limit)s;
 
 -- name: still_due
@@ -431,12 +431,12 @@ UPDATE conveyor_task_instances
    SET state = 'up_for_retry', ended_at = %(at)s, error = %(error)s,
        next_retry_at = %(next_retry_at)s,
        deadline = %(next_retry_at)s
- WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running', 'deferred');
 
 -- name: ti_failed
 UPDATE conveyor_task_instances
    SET state = 'failed', ended_at = %(at)s, error = %(error)s, deadline = NULL
- WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running', 'deferred');
 
 -- name: ti_cancelled
 -- The attempt was cancelled (its worker says so, or `runs cancel` / `tasks cancel` did it):
@@ -447,7 +447,7 @@ UPDATE conveyor_task_instances
    SET state = 'cancelled', ended_at = %(at)s, error = %(error)s, deadline = NULL,
        next_retry_at = NULL
  WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s
-   AND state IN ('pending', 'queued', 'running', 'up_for_retry');
+   AND state IN ('pending', 'queued', 'running', 'up_for_retry', 'deferred');
 
 -- name: cancel_run
 -- A run cancelled as a whole: it ends cancelled once nothing in it runs (finish_run).
@@ -475,7 +475,7 @@ UPDATE conveyor_runs
    AND (state = 'running' OR (state = 'queued' AND cancelled_at IS NOT NULL))
    AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances
                     WHERE run_id = %(run_id)s
-                      AND state IN ('pending', 'queued', 'running', 'up_for_retry'))
+                      AND state IN ('pending', 'queued', 'running', 'up_for_retry', 'deferred'))
 RETURNING state, dag_id, created_at;
 
 -- name: migration_0003
@@ -610,7 +610,7 @@ UPDATE conveyor_task_instances
        max_attempts = attempt + COALESCE(tries, max_attempts), queued_at = NULL,
        published_at = NULL, started_at = NULL, ended_at = NULL, heartbeat_at = NULL,
        deadline = NULL, next_retry_at = NULL, hostname = NULL, pid = NULL, error = NULL,
-       result = NULL, waiting_for = NULL
+       result = NULL, waiting_for = NULL, trigger_event = NULL
  WHERE ti_id = %(ti_id)s AND state NOT IN ('queued', 'running');
 
 -- name: ti_mark
@@ -870,7 +870,7 @@ SELECT p.* FROM conveyor_task_instances p
  WHERE p.run_id = %(run_id)s AND p.state = 'running' AND p.map_count IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM conveyor_task_instances c
                     WHERE c.run_id = p.run_id AND c.map_task = p.task_id
-                      AND c.state IN ('pending', 'queued', 'running', 'up_for_retry'));
+                      AND c.state IN ('pending', 'queued', 'running', 'up_for_retry', 'deferred'));
 
 -- name: map_closed
 UPDATE conveyor_task_instances
@@ -1170,3 +1170,108 @@ SELECT * FROM conveyor_asset_events WHERE uri = %(uri)s ORDER BY event_id DESC L
 -- name: asset_queue_counts
 -- Events waiting for each consuming DAG's condition (the scheduler's metrics).
 SELECT dag_id, COUNT(*) AS n FROM conveyor_asset_queue GROUP BY dag_id;
+
+-- name: migration_0018
+-- Deferred task instances (scheduler/deferral.py, triggerer/). A task that raises Defer
+-- leaves its slot: its instance is `deferred` (its `deadline` is the deferral's timeout) and
+-- its trigger a row of conveyor_triggers, which a triggerer claims for a lease it renews
+-- (owner, lease_until: a killed triggerer's rows are claimed by another once it lapses).
+-- A firing is one UPDATE guarded by owner and fired_at IS NULL (fired once, however many
+-- triggerers ran it); it makes the instance due, and a scheduler queues the same attempt
+-- again with the payload in `trigger_event` (the task's context.trigger_event).
+ALTER TABLE conveyor_task_instances ADD COLUMN trigger_event TEXT;
+CREATE TABLE conveyor_triggers (
+    ti_id        TEXT PRIMARY KEY REFERENCES conveyor_task_instances (ti_id) ON DELETE CASCADE,
+    attempt      INTEGER NOT NULL,
+    run_id       TEXT NOT NULL,
+    classpath    TEXT NOT NULL,
+    kwargs       TEXT NOT NULL,
+    timeout_at   DOUBLE PRECISION,
+    created_at   DOUBLE PRECISION NOT NULL,
+    owner        TEXT,
+    lease_until  DOUBLE PRECISION,
+    fired_at     DOUBLE PRECISION,
+    payload      TEXT
+);
+CREATE INDEX conveyor_triggers_open ON conveyor_triggers (created_at) WHERE fired_at IS NULL;
+DROP INDEX conveyor_ti_unfinished;
+CREATE INDEX conveyor_ti_unfinished ON conveyor_task_instances (run_id)
+    WHERE state IN ('pending', 'queued', 'running', 'up_for_retry', 'deferred');
+
+-- name: ti_defer
+-- The attempt deferred itself: no worker holds it; its deadline is the deferral's timeout
+-- (NULL: none), when the scheduler fails it unless its trigger fired.
+UPDATE conveyor_task_instances
+   SET state = 'deferred', deadline = %(timeout_at)s, heartbeat_at = NULL, trigger_event = NULL
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state IN ('queued', 'running');
+
+-- name: insert_trigger
+INSERT INTO conveyor_triggers (ti_id, attempt, run_id, classpath, kwargs, timeout_at,
+                               created_at)
+VALUES (%(ti_id)s, %(attempt)s, %(run_id)s, %(classpath)s, %(kwargs)s, %(timeout_at)s, %(now)s)
+ON CONFLICT (ti_id) DO UPDATE
+   SET attempt = excluded.attempt, run_id = excluded.run_id, classpath = excluded.classpath,
+       kwargs = excluded.kwargs, timeout_at = excluded.timeout_at,
+       created_at = excluded.created_at, owner = NULL, lease_until = NULL, fired_at = NULL,
+       payload = NULL;
+
+-- name: trigger_of
+SELECT * FROM conveyor_triggers WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s;
+
+-- name: ti_resume
+-- Its trigger fired: the same attempt queued again (a new segment), claimed for publishing,
+-- with the trigger's payload for its context.
+UPDATE conveyor_task_instances
+   SET state = 'queued', queued_at = %(now)s, published_at = NULL, heartbeat_at = NULL,
+       hostname = NULL, pid = NULL, waiting_for = NULL, trigger_event = %(payload)s,
+       claimed_by = %(scheduler)s, deadline = %(now)s + %(lease)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'deferred'
+RETURNING *;
+
+-- name: forget_trigger
+DELETE FROM conveyor_triggers WHERE ti_id = %(ti_id)s;
+
+-- name: claim_triggers
+-- Unfired triggers nobody holds (new, released, or their triggerer's lease lapsed), oldest
+-- first. The guard is repeated outside the subquery: of two triggerers racing for a row,
+-- the second finds it taken (Postgres re-checks it on the updated row) and skips it.
+UPDATE conveyor_triggers SET owner = %(owner)s, lease_until = %(now)s + %(lease)s
+ WHERE fired_at IS NULL AND (owner IS NULL OR lease_until <= %(now)s)
+   AND ti_id IN (SELECT ti_id FROM conveyor_triggers
+                  WHERE fired_at IS NULL AND (owner IS NULL OR lease_until <= %(now)s)
+                  ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING ti_id, attempt, run_id, classpath, kwargs, timeout_at;
+
+-- name: renew_triggers
+-- A triggerer's lease on what it runs, renewed; what it still holds (a trigger gone: its
+-- task resumed, timed out, was cleared or cancelled; taken: its lease had lapsed).
+UPDATE conveyor_triggers SET lease_until = %(now)s + %(lease)s
+ WHERE owner = %(owner)s AND fired_at IS NULL
+RETURNING ti_id, attempt;
+
+-- name: fire_trigger
+UPDATE conveyor_triggers SET fired_at = %(now)s, payload = %(payload)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND owner = %(owner)s AND fired_at IS NULL;
+
+-- name: ti_trigger_fired
+-- Due now: the scheduler's next tick resumes it.
+UPDATE conveyor_task_instances SET deadline = %(now)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND state = 'deferred';
+
+-- name: release_triggers
+-- A triggerer stopping: what it held is for another at once, not after its lease.
+UPDATE conveyor_triggers SET owner = NULL, lease_until = NULL
+ WHERE owner = %(owner)s AND fired_at IS NULL;
+
+-- name: trigger_counts
+SELECT COUNT(*) AS deferred,
+       COALESCE(SUM(CASE WHEN fired_at IS NULL AND owner IS NOT NULL
+                          AND lease_until > %(now)s THEN 1 ELSE 0 END), 0) AS running,
+       COALESCE(SUM(CASE WHEN fired_at IS NOT NULL THEN 1 ELSE 0 END), 0) AS fired
+  FROM conveyor_triggers;
+
+-- name: trigger_failed
+-- Its trigger raised (or cannot be imported): held by no triggerer again, the error kept
+-- for the scheduler to fail the task with.
+UPDATE conveyor_triggers SET owner = 'failed', lease_until = NULL, payload = %(error)s
+ WHERE ti_id = %(ti_id)s AND attempt = %(attempt)s AND owner = %(owner)s AND fired_at IS NULL;

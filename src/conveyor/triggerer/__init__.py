@@ -1,0 +1,1 @@
+"""`conveyor triggerer`: runs the triggers of deferred tasks (see daemon.py)."""
