@@ -35,7 +35,7 @@ LEAN = {"worker": "conveyor.worker.cli"}
 #: Every other command group, in the order `conveyor --help` lists them.
 COMMANDS = ("conveyor.cli.demo", "conveyor.worker.cli", "conveyor.cli.enqueue",
             "conveyor.scheduler.cli", "conveyor.cli.dags", "conveyor.cli.runs",
-            "conveyor.cli.assets", "conveyor.triggerer.cli",
+            "conveyor.cli.assets", "conveyor.cli.triggerer",
             "conveyor.autoscaler.cli", "conveyor.cli.configuration", "conveyor.cli.status",
             "conveyor.cli.deadletters", "conveyor.cli.limits", "conveyor.cli.ui",
             "conveyor.cli.up")

@@ -13,14 +13,12 @@ Two entry points, both safe to run in several schedulers at once and to repeat:
 
 The engine never reads the clock and never sleeps; `daemon.py` is the loop around it.
 
-Task-instance states: pending -> queued -> running -> success | up_for_retry | failed |
-cancelled | deferred; deferred -> queued (the same attempt, its trigger fired: a triggerer
-made it due) or failed / up_for_retry (its timeout passed); up_for_retry -> queued (attempt
-+ 1); pending -> queued, skipped or upstream_failed as its trigger rule and any branch above
-it say, judged whenever a parent ends (`readiness.py`, `rules.py`). A `cancelled` attempt
-(its worker stopped it, or refused it unrun: `Client.cancel` of the attempt,
-conveyor/control) is terminal and never retried; its run ends failed, unless it was
-cancelled as a whole (`operations.cancel_run`): cancelled.
+Task-instance states: pending -> queued -> running -> success | up_for_retry | failed | cancelled
+| deferred (deferral.py); up_for_retry -> queued (attempt + 1); pending -> queued, skipped or
+upstream_failed as its trigger rule and any branch above it say, judged whenever a parent ends
+(`readiness.py`, `rules.py`). A `cancelled` attempt (its worker stopped it, or refused it unrun:
+`Client.cancel` of the attempt, conveyor/control) is terminal and never retried; its run ends
+failed, unless it was cancelled as a whole (`operations.cancel_run`): cancelled.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from conveyor import tracing
 from conveyor.events import Event
 from conveyor.kinds import pinned_queue
 from conveyor.message import new_id
-from conveyor.scheduler import cron, deadlines
+from conveyor.scheduler import cron, deadlines, deferral
 from conveyor.scheduler import event_facts as facts_of
 from conveyor.scheduler.asset_runs import AssetRuns
 from conveyor.scheduler.branches import choice_problem
@@ -54,7 +52,6 @@ from conveyor.state.records import Due, TaskInstance, Transition
 from conveyor.state.runs import Dags, Runs
 from conveyor.state.store import Store, through_losses
 from conveyor.state.tasks import Attempts, TaskInstances
-from conveyor.state.triggers import Triggers
 
 log = logging.getLogger("conveyor.scheduler")
 
@@ -94,8 +91,6 @@ class Engine:
         self.start_grace = start_grace
         self.mapper = Mapper(store, lambda: self._claim, self.readiness, max_map_length)
         self.pins = Pins(store)   # where runs pinned to their code send their tasks
-        #: Deferred attempts' triggers (a task raised Defer; a triggerer runs them)
-        self.triggers = Triggers(store)
         #: Runs of DAGs scheduled on assets and events, from their queued events
         self.asset_runs = AssetRuns(store)
         #: Tasks made ready by a mapped task's end, dispatched with the caller's batch
@@ -200,7 +195,7 @@ class Engine:
         if kind == "skipped":     # it raised Skip (or exited with a skip code): not retried
             return self._skipped(ti, key, event, output(event))
         if kind == "deferred":    # it raised Defer: its slot is free, a triggerer waits
-            self._deferred(ti, key, event)
+            deferral.record(self.store, ti, key, event, self._note)
         elif kind in ("started", "heartbeat", "parked", "unparked"):
             self._progressed(ti, key, event, now)
         elif worker_keeps(event):  # same attempt, back to queued, with a fresh deadline to start
@@ -229,34 +224,6 @@ class Engine:
         else:                     # handed a slot and queued again: the timeout runs again
             self._note(now + ti.queued_timeout + self.start_grace)
             self.tis.unparked(key, start_grace=self.start_grace)
-
-    def _deferred(self, ti: TaskInstance, key: Transition, event: Event) -> None:
-        """The attempt deferred on a trigger: recorded with it, due at its timeout (counted
-        from when the task deferred; None: none)."""
-        deferral = event.result if isinstance(event.result, dict) else {}
-        timeout = deferral.get("timeout")
-        timeout_at = None if timeout is None else event.at + float(timeout)
-        if self.triggers.defer(key, run_id=ti.run_id, classpath=str(deferral.get("classpath")),
-                               kwargs=dict(deferral.get("kwargs") or {}),
-                               timeout_at=timeout_at) and timeout_at is not None:
-            self._note(timeout_at)
-
-    def _deferral_due(self, ti: TaskInstance, now: float) -> list[TaskInstance]:
-        """A deferred attempt is due: its trigger fired (resumed: the same attempt queued
-        again with the payload), or its timeout passed (failed `timed_out`, retried while
-        attempts remain, like any timeout)."""
-        trigger = self.triggers.state(ti.ti_id, ti.attempt)
-        if trigger is not None and trigger.fired:
-            return self.triggers.resume(ti, trigger.payload, now=now, **self._claim)
-        self.triggers.forget(ti.ti_id)
-        key = Transition(ti.ti_id, ti.attempt, now, now)
-        what = trigger.classpath.rpartition(":")[2] if trigger else "its trigger"
-        if trigger is not None and trigger.payload is not None:   # it raised in a triggerer
-            return self._attempt_failed(ti, key, "failed", f"failed: deferred on {what}: "
-                                        f"{trigger.payload}", now)
-        return self._attempt_failed(ti, key, "timed_out", f"timed_out: deferred on {what}, "
-                                    f"which did not fire by its timeout (Defer's timeout)",
-                                    now)
 
     def _expired(self, ti: TaskInstance, key: Transition, event: Event, now: float
                  ) -> list[TaskInstance]:
@@ -497,8 +464,8 @@ class Engine:
             timed_out: TaskInstance | None = None
             if ti is not None and ti.state == "queued" and ti.published_at is None:
                 republish = self._claim_unpublished(ti, now)
-            elif ti is not None and ti.state == "deferred":
-                republish = self._deferral_due(ti, now)
+            elif ti is not None and ti.state == "deferred":   # its trigger fired, or timed out
+                republish = deferral.due(self.store, ti, now, self._claim, self._attempt_failed)
             elif ti is not None and (version := self.pins.stranded(ti, now)):
                 republish = self._send_again(ti, version, now)
             elif ti is not None:

@@ -1,1 +1,2 @@
-"""`conveyor triggerer`: runs the triggers of deferred tasks (see daemon.py)."""
+"""The triggerer daemon: runs the triggers of deferred tasks (see daemon.py; its command
+is conveyor/cli/triggerer.py)."""
