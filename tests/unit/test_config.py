@@ -215,7 +215,7 @@ def test_every_store_url_is_resolved_in_one_place_from_the_broker_url(
 #: deployment runs: no variable and no file key, so not in the table.
 THIS_ONCE = {"--all", "--args", "--burst", "--command", "--conf", "--count", "--dag", "--delay",
              "--dedupe-key", "--executor", "--expires", "--extra", "--fresh", "--from", "--id",
-             "--index", "--json", "--kwargs",
+             "--index", "--json", "--kwargs", "--latest-code",
              "--limit", "--logical-date", "--max", "--memory-limit", "--only", "--payload",
              "--per-second",
              "--pin-code", "--priority", "--queue", "--raw", "--reason", "--retries",
