@@ -29,6 +29,7 @@ from conveyor.errors import BrokerConnectionError, BrokerError
 from conveyor.message import Message
 from tests.conftest import RABBITMQ_URL, require_service
 from tests.integration.workerkit import finish, start_worker, stop, task_message
+from tests.support import free_port
 
 
 class HandshakeRelay:
@@ -221,9 +222,8 @@ def test_a_wrong_password_stops_at_the_first_connect_with_the_login_message() ->
 
 def test_a_worker_facing_an_unreachable_rabbitmq_says_one_line_per_attempt() -> None:
     """Issue 14: it used to print ~170 lines with 13 pika tracebacks before the clear line."""
-    port = socket.create_server(("127.0.0.1", 0))
-    url = f"amqp://guest:guest@127.0.0.1:{port.getsockname()[1]}/%2F?retry_seconds=2"
-    port.close()  # nothing listens there now
+    # nothing listens there, and no other test is handed it meanwhile
+    url = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F?retry_seconds=2"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     done = subprocess.run([sys.executable, "-m", "conveyor.cli", "worker", "-b", url,
                            "-Q", "x", "-c", "1"], capture_output=True, text=True, timeout=60,

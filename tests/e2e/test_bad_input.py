@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.locations import redact
+from tests.support import free_port
 
 NOT_A_PORT = "redis://localhost:notaport/11"
 
@@ -195,9 +196,9 @@ class Sockets:
 
     @staticmethod
     def _closed() -> int:
-        """A free port nothing listens on (connections to it are refused)."""
-        with socket.create_server(("127.0.0.1", 0)) as probe:
-            return int(probe.getsockname()[1])
+        """A free port nothing listens on (connections to it are refused): one no other
+        test is handed meanwhile, nor any connection (tests/support.py `free_port`)."""
+        return free_port()
 
     def _serve(self, server: socket.socket, answer: bytes) -> None:
         server.settimeout(0.2)
