@@ -248,10 +248,12 @@ def fail_over(cluster: Cluster, victim: str, tmp_path: Path) -> Figures:
         cluster.kill(target)
         publisher.join(timeout=120)
         assert publisher.error is None and not publisher.is_alive(), publisher.error
-        cluster.start(target)  # boots meanwhile, for the next scenario (restart_killed)
         expected = {f"m{n}" for n in range(TASKS)}
         wait_for(lambda: workers.alive() and expected <= {token for token, _ in runs(log)},
                  120, "every task run", detail=lambda: f"{len(runs(log))} runs")
+        check_depth(url, queue, cluster.nodes[home].management_url,
+                    dead_first=target is cluster.nodes[home])
+        cluster.start(target)  # boots meanwhile, for the next scenario (restart_killed)
     finally:
         workers.stop()
         if sys.exc_info()[0] is not None:
@@ -265,6 +267,21 @@ def fail_over(cluster: Cluster, victim: str, tmp_path: Path) -> Figures:
     for out in workers.outputs:  # connected to `home` first (and, if it was killed, moved)
         assert f"connected to RabbitMQ node {cluster.nodes[home].url} (1 of 3" in out, out
     return figures
+
+
+def check_depth(url: str, queue: str, first: str, dead_first: bool) -> None:
+    """`depth` through the URL the workers use: its management API list starts with
+    `first`, dead if its node was killed (`dead_first`): then the next that answers."""
+    broker = from_url(url)
+    try:
+        depth = broker.depth(queue)
+        api = broker._mgmt  # type: ignore[attr-defined]
+        asked = api.base
+    finally:
+        broker.close()
+    print(f"depth of {queue}: {depth}; management API asked: {asked} (listed first: {first})")
+    assert depth.ready == 0 and depth.dead == 0, depth
+    assert (asked != first) == dead_first, (asked, first)
 
 
 def restart_killed(cluster: Cluster) -> None:
