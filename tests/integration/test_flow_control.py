@@ -258,8 +258,10 @@ def test_a_worker_killed_with_9_gives_its_token_back_after_the_lease(
     # the worker's lease is 3 heartbeats of 1 s (workerkit); on RabbitMQ the first task comes
     # back at once (its connection died), re-admitted under the token it already holds, and
     # hands it on when it ends: sooner, and still never two at once
+    # (10 s of room: a loaded machine adds seconds to the sweep that finds it lapsed; the
+    # alternative, a token never given back, holds the second task for the first's 60 s)
     lease = 3.0
-    assert second - killed_at <= lease + 4.0
+    assert second - killed_at <= lease + 10.0
     after = [("S" if w == "S" else "E", at, "held") for w, at, _ in ledger_lines(ledger)
              if at > killed_at]
     assert most_at_once(after, "held") <= 1
