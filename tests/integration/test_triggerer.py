@@ -2,8 +2,9 @@
 processes on SQLite and on Postgres. Ten tasks deferred on files hold no worker slot (a
 one-slot worker runs another DAG's task while they wait), resume with their trigger's
 payload once their files appear, and one whose file never comes fails `timed_out`. A
-SIGKILLed triggerer's triggers are taken over by a second one, and every task resumes
-once (a task run twice would write its line twice)."""
+SIGKILLed triggerer's triggers are taken over by two others, and every task resumes once
+(a task run twice would write its line twice). A `dag.wait_for_file` sensor hands its
+file's payload to its child."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def note(line):
         out.write(line + "\\n")
 
 
-@task(name="defertest.wait")
+@task(name="defertest.wait", max_retries=0)
 def wait(name, timeout):
     event = context.trigger_event
     if event is None:
@@ -50,10 +51,16 @@ def other():
     note("other")
 
 
+@task(name="defertest.after")
+def after(landed):
+    note(f"after:{{landed['size']}}")
+
+
 waits = DAG("waits")
 for i in range({waiters}):
     waits.task(wait, id=f"w{{i}}", args=(f"f{{i}}", 300))
 waits.task(wait, id="never", args=("never", {never_timeout}))
+waits.task(after, waits.wait_for_file(FILES + "/sensed", timeout=300, poll_interval=0.2))
 others = DAG("others")
 others.task(other)
 '''
@@ -79,67 +86,47 @@ def states(store: Store, run_id: str) -> dict[str, str]:
 def waiting(store: Store, run_id: str) -> int:
     """How many of the waiters (not the one that never gets its file) are deferred."""
     return sum(state == "deferred" for task_id, state in states(store, run_id).items()
-               if task_id != "never")
+               if task_id not in ("never", "after"))
 
 
-def test_deferred_tasks_free_their_slot_resume_with_the_payload_and_time_out(
+def test_deferred_tasks_free_their_slot_resume_once_through_a_killed_triggerers_heirs(
         env: dict[str, str], tmp_path: Path) -> None:
+    """One stack per database for all of it (each start costs seconds): the waiters defer
+    on a triggerer with a 2 s lease, another DAG's task runs on the one slot, the triggerer
+    is SIGKILLed holding every trigger, two others take them over, the files appear."""
     worker = spawn("worker", "--queues", "default", "--concurrency", "1", env=env)
     scheduler = spawn("scheduler", env=env)
-    triggerer = spawn("triggerer", "--poll", "0.2", env=env)
+    first = spawn("triggerer", "--poll", "0.2", "--lease", "2", env=env)
+    heirs: list[subprocess.Popen[bytes]] = []
     store = from_url(env["CONVEYOR_STATE_URL"])
     try:
         run_id = trigger_run(env, "waits")
-        wait_for(lambda: waiting(store, run_id) == WAITERS, timeout=90,
+        wait_for(lambda: waiting(store, run_id) == WAITERS + 1, timeout=90,
                  what="every waiter deferred", detail=lambda: str(states(store, run_id)))
         trigger_run(env, "others")   # the one slot is free: another DAG's task runs
         wait_for(lambda: "other" in ledger_lines(tmp_path), timeout=60,
                  what="a task to run on the one slot while ten tasks wait")
-        assert waiting(store, run_id) == WAITERS
+        assert waiting(store, run_id) == WAITERS + 1
+        wait_for(lambda: Triggers(store).counts(time.time())["running"] >= WAITERS + 1,
+                 timeout=30, what="the first triggerer to claim every trigger")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        heirs += [spawn("triggerer", "--poll", "0.2", "--lease", "2", env=env)
+                  for _ in range(2)]
         for i in range(WAITERS):
             (tmp_path / "files" / f"f{i}").write_text("x" * i)
+        (tmp_path / "files" / "sensed").write_text("sensed")
         wait_for(lambda: all(s in ("success", "failed") for s in states(store, run_id).values()),
                  timeout=90, what="every waiter to end", detail=lambda: str(states(store, run_id)))
         tis = {row["task_id"]: row for row in store.rows("run_tis", run_id=run_id)}
     finally:
         store.close()
-        for proc in (triggerer, scheduler, worker):
-            stop(proc)
-    resumed = [line for line in ledger_lines(tmp_path) if line.startswith("resumed:")]
-    assert sorted(resumed) == sorted(f"resumed:f{i}:{i}:1" for i in range(WAITERS))
-    assert all(tis[f"w{i}"]["state"] == "success" for i in range(WAITERS))
-    assert tis["never"]["state"] == "failed"
-    assert "timed_out" in tis["never"]["error"]
-
-
-def test_a_killed_triggerers_triggers_fire_once_through_another(
-        env: dict[str, str], tmp_path: Path) -> None:
-    worker = spawn("worker", "--queues", "default", "--concurrency", "2", env=env)
-    scheduler = spawn("scheduler", env=env)
-    first = spawn("triggerer", "--poll", "0.2", "--lease", "2", env=env)
-    second: list[subprocess.Popen[bytes]] = []
-    store = from_url(env["CONVEYOR_STATE_URL"])
-    try:
-        run_id = trigger_run(env, "waits")
-        wait_for(lambda: waiting(store, run_id) == WAITERS, timeout=90,
-                 what="every waiter deferred", detail=lambda: str(states(store, run_id)))
-        wait_for(lambda: Triggers(store).counts(time.time())["running"] >= WAITERS,
-                 timeout=30, what="the first triggerer to claim every trigger")
-        first.send_signal(signal.SIGKILL)
-        first.wait(10)
-        proc = spawn("triggerer", "--poll", "0.2", "--lease", "2", env=env)
-        second.append(proc)
-        third = spawn("triggerer", "--poll", "0.2", "--lease", "2", env=env)
-        second.append(third)
-        for i in range(WAITERS):
-            (tmp_path / "files" / f"f{i}").write_text("x" * i)
-        wait_for(lambda: all(states(store, run_id)[f"w{i}"] == "success"
-                             for i in range(WAITERS)),
-                 timeout=90, what="every waiter resumed", detail=lambda: str(states(store, run_id)))
-    finally:
-        store.close()
-        for proc in (*second, scheduler, worker):
+        for proc in (*heirs, scheduler, worker):
             stop(proc)
         stop(first)
     resumed = [line for line in ledger_lines(tmp_path) if line.startswith("resumed:")]
     assert sorted(resumed) == sorted(f"resumed:f{i}:{i}:1" for i in range(WAITERS))
+    assert all(tis[f"w{i}"]["state"] == "success" for i in range(WAITERS))
+    assert "after:6" in ledger_lines(tmp_path)   # dag.wait_for_file's payload, downstream
+    assert tis["never"]["state"] == "failed"
+    assert "timed_out" in tis["never"]["error"]

@@ -1,11 +1,11 @@
 """`conveyor up`: the whole system in one command and one process tree.
 
-A scheduler (a child process), an autoscaler (this process) and the workers it starts on
-demand (its children), on the embedded SQLite files in the data directory unless given
-`--broker` and `--state`. With the bundled example DAGs (the default `--dags-folder`) it
-creates today's run of each unscheduled one, once a day: starting again resumes the same
-run instead of creating another. Your own DAGs run on their schedules and
-`conveyor dags trigger`.
+A scheduler and a triggerer (child processes), an autoscaler (this process) and the workers
+it starts on demand (its children), on the embedded SQLite files in the data directory
+unless given `--broker` and `--state`. With the bundled example DAGs (the default `--dags-
+folder`) it creates today's run of each unscheduled one, once a day: starting again resumes
+the same run instead of creating another. Your own DAGs run on their schedules and `conveyor
+dags trigger`.
 
 Edited, added and removed DAG files are picked up without a restart: `up` looks at the
 folder every --dags-reload-interval seconds; when the task modules the DAGs need change, the
@@ -129,9 +129,11 @@ def run_up(args: argparse.Namespace) -> int:
     for error in loaded.errors:
         log.error("DAG not loaded: %s", error)
     scheduler = _start_scheduler(plan, args.log_level, args.log_format)
+    triggerer = _start_triggerer(plan, args.log_level, args.log_format)
     try:
         daemon, server = autoscalers.build(_autoscaler_config(plan, args, loaded.dags))
     except ConveyorError:   # the metrics port is taken, the broker unreachable
+        _end(triggerer)
         scheduler.terminate()
         scheduler.wait()
         raise
@@ -140,6 +142,7 @@ def run_up(args: argparse.Namespace) -> int:
     except ConfigError:
         if server is not None:
             server.close()
+        _end(triggerer)
         scheduler.terminate()
         scheduler.wait()
         raise
@@ -164,6 +167,7 @@ def run_up(args: argparse.Namespace) -> int:
         if not stopper.signals:   # a Ctrl-C sent it SIGTERM already: a second one, while it
             stopper.stop_scheduler()   # closes, killed it mid-close ("scheduler exit -15")
         printer.stop()
+        _end(triggerer)
     code = scheduler.wait()
     # SIGTERM before its handlers were installed (a Ctrl-C right at start) is a clean stop too
     # (and a cold stop kills it)
@@ -183,6 +187,25 @@ def _start_scheduler(plan: Plan, level: str, fmt: str) -> subprocess.Popen[bytes
     return subprocess.Popen(argv, env=plan.env, stdin=subprocess.DEVNULL,
                             start_new_session=True,
                             preexec_fn=_scheduler_child)
+
+
+def _start_triggerer(plan: Plan, level: str, fmt: str) -> subprocess.Popen[bytes]:
+    """A triggerer (deferred tasks' waits: conveyor/triggerer) as a child, as the scheduler."""
+    argv = [sys.executable, "-m", "conveyor.cli", "triggerer", f"--log-level={level}",
+            f"--log-format={fmt}"]
+    return subprocess.Popen(argv, env=plan.env, stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_scheduler_child)
+
+
+def _end(child: subprocess.Popen[bytes]) -> None:
+    """Stop a child that holds no task (the triggerer releases its triggers on SIGTERM)."""
+    if child.poll() is None:
+        child.terminate()
+    try:
+        child.wait(30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _scheduler_child() -> None:

@@ -37,6 +37,7 @@ from conveyor.scheduler.assets import Condition, condition_of, outlet_uris
 from conveyor.scheduler.errors import DagError, Location
 from conveyor.scheduler.rules import ALL_SUCCESS
 from conveyor.scheduler.rules import problem as rule_problem
+from conveyor.scheduler.sensors import Sensors
 from conveyor.tasks import REGISTRY, Task
 
 #: How a TaskFlow argument names an upstream task's return value in a spec (JSON).
@@ -333,7 +334,7 @@ def _alerts(given: dict[str, Any], deadline: Deadline | None, where: Location, d
         raise DagError(where, str(exc)) from None
 
 
-class DAG:
+class DAG(Sensors):
     """A named set of tasks with dependencies, optionally run on a cron schedule."""
 
     def __init__(self, dag_id: str, *,
