@@ -282,8 +282,10 @@ def test_one_task_of_key_b_starts_within_a_task_duration_behind_a_backlog_of_key
     # one round trip each). kombu gets one message at a time (0.2-0.6 s on kombu+redis); its
     # publish_many confirms each message, so there much of the backlog is parked by the time
     # B is published: still 1,000 A ahead of it. With the whole suite beside it (load 3-13)
-    # B took 2.3-3.0 s on RabbitMQ and kombu+redis, so a 4 s task everywhere.
-    duration = 4.0
+    # B took 2.3-3.0 s on RabbitMQ and kombu+redis, and 5.5 s once on Postgres at a load of
+    # 15, so an 8 s task everywhere (the workers stop at once when B starts: the task's length
+    # costs the test nothing; without parking B would wait ~500 task lengths).
+    duration = 8.0
     ledger, codec = tmp_path / "ledger", Codec()
     backlog = [flow_tasks.tenant_job.message(("a", str(ledger), duration), queue=unique)
                for _ in range(1000)]
