@@ -4,7 +4,8 @@ one-slot worker runs another DAG's task while they wait), resume with their trig
 payload once their files appear, and one whose file never comes fails `timed_out`. A
 SIGKILLed triggerer's triggers are taken over by two others, and every task resumes once
 (a task run twice would write its line twice). A `dag.wait_for_file` sensor hands its
-file's payload to its child."""
+file's payload to its child; a user-written trigger fires with its own payload, and one
+that raises fails its task with the error."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ WAITERS = 10
 DAG_FILE = '''\
 from conveyor import DAG, Defer, context, task
 from conveyor.triggers import FileTrigger
+from tests.integration.trigger_kinds import Broken, Countdown
 
 LEDGER = {ledger!r}
 FILES = {files!r}
@@ -51,6 +53,13 @@ def other():
     note("other")
 
 
+@task(name="defertest.custom", max_retries=0)
+def custom(kind):
+    if context.trigger_event is None:
+        raise Defer(Countdown(3) if kind == "countdown" else Broken(), timeout=300)
+    note(f"custom:{{context.trigger_event['counted']}}")
+
+
 @task(name="defertest.after")
 def after(landed):
     note(f"after:{{landed['size']}}")
@@ -60,6 +69,8 @@ waits = DAG("waits")
 for i in range({waiters}):
     waits.task(wait, id=f"w{{i}}", args=(f"f{{i}}", 300))
 waits.task(wait, id="never", args=("never", {never_timeout}))
+waits.task(custom, id="countdown", args=("countdown",))
+waits.task(custom, id="broken", args=("broken",))
 waits.task(after, waits.wait_for_file(FILES + "/sensed", timeout=300, poll_interval=0.2))
 others = DAG("others")
 others.task(other)
@@ -84,9 +95,9 @@ def states(store: Store, run_id: str) -> dict[str, str]:
 
 
 def waiting(store: Store, run_id: str) -> int:
-    """How many of the waiters (not the one that never gets its file) are deferred."""
+    """How many of the waiters on files that come (w0..., the sensor) are deferred."""
     return sum(state == "deferred" for task_id, state in states(store, run_id).items()
-               if task_id not in ("never", "after"))
+               if task_id.startswith("w"))
 
 
 def test_deferred_tasks_free_their_slot_resume_once_through_a_killed_triggerers_heirs(
@@ -128,5 +139,8 @@ def test_deferred_tasks_free_their_slot_resume_once_through_a_killed_triggerers_
     assert sorted(resumed) == sorted(f"resumed:f{i}:{i}:1" for i in range(WAITERS))
     assert all(tis[f"w{i}"]["state"] == "success" for i in range(WAITERS))
     assert "after:6" in ledger_lines(tmp_path)   # dag.wait_for_file's payload, downstream
+    assert "custom:3" in ledger_lines(tmp_path)   # a user-written trigger's payload
+    assert tis["broken"]["state"] == "failed"
+    assert "RuntimeError: the endpoint is gone" in tis["broken"]["error"]
     assert tis["never"]["state"] == "failed"
     assert "timed_out" in tis["never"]["error"]

@@ -1,0 +1,85 @@
+"""Triggers described, rebuilt and refused (conveyor/triggers), a task's Defer as its runner
+reports it and its worker settles it, without a triggerer (tests/integration/test_triggerer.py
+runs them for real)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conveyor.tasks import Defer
+from conveyor.triggers import DelayTrigger, FileTrigger, TimeTrigger, Trigger, TriggerError, load
+from conveyor.worker.outcome import Budget, Facts, classify, decide, outside_dag
+from conveyor.worker.runner import _deferral
+
+CLEAN_EXIT = 0
+
+
+@dataclass
+class Holding(Trigger):
+    """A trigger whose field is not a JSON value."""
+
+    what: object
+
+
+def test_a_trigger_is_described_by_its_class_path_and_fields_and_rebuilt_from_them() -> None:
+    classpath, kwargs = FileTrigger("/data/in.csv", poll_interval=0.2).serialize()
+    assert classpath == "conveyor.triggers.builtin:FileTrigger"
+    assert load(classpath, kwargs) == FileTrigger("/data/in.csv", 0.2)
+
+
+def test_a_delay_is_stored_as_the_time_it_ends() -> None:
+    before = time.time()
+    classpath, kwargs = DelayTrigger(30).serialize()
+    assert classpath.endswith(":TimeTrigger") and before + 30 <= kwargs["at"] <= time.time() + 30
+
+
+def test_what_cannot_be_described_or_loaded_is_refused_saying_why() -> None:
+    @dataclass
+    class Local(Trigger):
+        n: int
+
+    with pytest.raises(TriggerError, match="defined in a function"):
+        Local(1).serialize()
+    with pytest.raises(TriggerError, match="JSON values"):
+        Holding(object()).serialize()
+    with pytest.raises(TriggerError, match="cannot be imported in the triggerer"):
+        load("nowhere.at_all:Gone", {})
+    with pytest.raises(TriggerError, match="not a conveyor.triggers.Trigger"):
+        load("os:getcwd", {})
+    with pytest.raises(TriggerError, match="cannot be built"):
+        load("conveyor.triggers.builtin:FileTrigger", {"nope": 1})
+
+
+def test_time_and_file_triggers_fire_with_their_payloads(tmp_path: Path) -> None:
+    fired = asyncio.run(TimeTrigger(time.time() - 1).run())
+    assert fired["fired_at"] >= fired["at"]
+    path = tmp_path / "landed"
+    path.write_text("abc")
+    payload = asyncio.run(FileTrigger(str(path)).run())
+    assert payload == {"path": str(path), "size": 3, "mtime": os.stat(path).st_mtime}
+
+
+def test_a_deferral_is_reported_with_its_trigger_and_acked_for_the_scheduler() -> None:
+    report = _deferral(Defer(FileTrigger("/x"), timeout=60))
+    assert report["deferral"] == {"classpath": "conveyor.triggers.builtin:FileTrigger",
+                                  "kwargs": {"path": "/x", "poll_interval": 0.5},
+                                  "timeout": 60}
+    outcome = classify(Facts(report, CLEAN_EXIT))
+    assert outcome.kind == "deferred" and outcome.result == report["deferral"]
+    assert decide(outcome, 1, Budget(), report_only=True).verb == "ack"
+
+
+def test_a_deferral_that_cannot_be_described_fails_the_task() -> None:
+    assert _deferral(Defer("a file, please"))["outcome"] == "failed"
+    assert _deferral(Defer(Holding(object())))["error"]["type"] == "TriggerError"
+
+
+def test_a_task_outside_a_dag_that_defers_fails_saying_what_to_do() -> None:
+    failed = outside_dag(classify(Facts(_deferral(Defer(FileTrigger("/x"))), CLEAN_EXIT)))
+    assert failed.kind == "failed" and "Defer is for DAG tasks" in failed.reason
