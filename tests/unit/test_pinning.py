@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conveyor import cli
 from conveyor.cli.status import collect
 from conveyor.scheduler import DAG
 from conveyor.scheduler.config import SchedulerConfig
@@ -187,6 +188,43 @@ def test_a_cleared_task_runs_on_its_runs_version_unless_moved_to_the_latest(
     assert store.one("run", run_id=run_id)["code_version"] == "v2"
     engine.tick(now + 8)
     assert sent.pop("second").message.queue == "default@v2"      # moved on
+
+
+def test_latest_code_from_the_cli_and_the_dashboard_moves_the_cleared_run(
+        store: Store, state_url: str, tmp_path: Path) -> None:
+    """`conveyor tasks clear --latest-code` and the dashboard's {"latest_code": true} move
+    the run to the newest live worker's version; a plain clear from either keeps it."""
+    now = time.time()
+    worker(store, "v1", now)
+    engine, sent, run_id = started_first(store, pair(), now)
+    engine.handle(event(sent.pop("second"), "succeeded", now), now)
+    worker(store, "v2", now + 1)
+    flags = [f"--state={state_url}", f"--broker=sqlite:///{tmp_path}/broker.db"]
+    assert cli.main(["tasks", "clear", run_id, "second", *flags]) == 0
+    assert store.one("run", run_id=run_id)["code_version"] == "v1"
+    engine.tick(time.time())
+    engine.handle(event(sent.pop("second"), "succeeded", time.time()), time.time())
+    assert cli.main(["tasks", "clear", run_id, "second", "--latest-code", *flags]) == 0
+    assert store.one("run", run_id=run_id)["code_version"] == "v2"
+    engine.tick(time.time())
+    moved = sent.pop("second")
+    assert moved.message.queue == "default@v2"
+    engine.handle(event(moved, "succeeded", time.time()), time.time())
+    worker(store, "v3", now + 2)
+    config = SchedulerConfig.from_env({}, broker_url=f"sqlite:///{tmp_path}/broker.db",
+                                      state_url=state_url)
+    dashboard = Dashboard(UiConfig(config, "s3cret"))
+    try:
+        for latest, expected in ((False, "v2"), (True, "v3")):
+            response = dashboard.handle(Request(
+                "POST", f"/api/runs/{run_id}/tasks/second/clear",
+                headers={"host": "127.0.0.1:8700", "content-type": "application/json",
+                         "x-conveyor-token": "s3cret"},
+                body=json.dumps({"latest_code": latest}).encode()))
+            assert response.status == 200, response.body
+            assert store.one("run", run_id=run_id)["code_version"] == expected
+    finally:
+        dashboard.close()
 
 
 def test_a_dag_refuses_an_unknown_pin_policy_or_a_negative_timeout() -> None:

@@ -193,6 +193,25 @@ def test_a_callback_the_executor_refuses_is_recorded_failed(store: Store) -> Non
     assert record.state == "failed" and "not configured" in (record.error or "")
 
 
+def test_a_tasks_callback_runs_on_its_executor_and_a_dags_on_the_default_one(
+        store: Store) -> None:
+    """AIP-61: a task's callback goes to the executor that ran the task, a DAG's own
+    callback to the scheduler's default (first configured) executor."""
+    dag = DAG("split", on_success="app.run_ok")
+    dag.task("app.t", executor="local", on_success="app.cheer")
+    default, local = RecordingExecutor("queue"), RecordingExecutor("local")
+    engine = Engine(store, {"queue": default, "local": local}, dags={dag.dag_id: dag})
+    create_run(store, dag, T0, executors=["queue", "local"])
+    engine.tick(T0)
+    assert default.task_ids() == []
+    engine.handle(event(local.pop("t"), "succeeded", T0 + 1), T0 + 1)
+    engine.tick(T0 + 2)
+    assert [context(w)["kind"] + " " + w.message.task for w in sent_callbacks(local)] == [
+        "on_success app.cheer"]
+    assert [context(w)["kind"] + " " + w.message.task for w in sent_callbacks(default)] == [
+        "on_success app.run_ok"]
+
+
 def test_cancelling_a_run_fires_on_cancel_through_the_next_tick(
         store: Store, executor: RecordingExecutor) -> None:
     dag = DAG("stoppable", on_cancel="app.run_cancelled")
