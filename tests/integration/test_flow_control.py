@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from tests.conftest import (
     drop_postgres_schema,
     require_service,
 )
-from tests.integration.workerkit import events, finish, start_worker, stop, worker_env
+from tests.integration.workerkit import Logs, events, finish, start_worker, stop, worker_env
 from tests.support import wait_for
 
 APP = "tests.flow_tasks"
@@ -182,32 +181,6 @@ def test_a_rate_of_10_a_second_spaces_100_tasks_over_10_seconds(
     # 3 of 18. So twice the span there.
     upper = 9.9 + 3.0 if not url.startswith("kombu+") else 2 * 9.9 + 3.0
     assert 9.5 <= ends[-1] - starts[0] <= upper, (starts[0], starts[-1], ends[-1])
-
-
-class Logs:
-    """Reads a worker's output as it runs (so a test can wait for "consuming")."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
-        assert proc.stdout is not None
-        stream = proc.stdout
-        self.thread = threading.Thread(target=lambda: self.lines.extend(stream), daemon=True)
-        self.thread.start()
-
-    def consuming(self) -> bool:
-        return any(" consuming " in line for line in list(self.lines))
-
-    def close(self, proc: subprocess.Popen[str]) -> None:
-        """Wait for the stopped worker (killed if it has not ended in 30 s) and close its
-        output."""
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        self.thread.join(10)
-        assert proc.stdout is not None
-        proc.stdout.close()
 
 
 def waiting(url: str, extra: dict[str, str], key: str) -> int:

@@ -41,6 +41,7 @@ from tests.conftest import (
     require_service,
 )
 from tests.integration.workerkit import (
+    Logs,
     enqueue,
     events,
     finish,
@@ -136,6 +137,16 @@ def gated(stack: Stack) -> list[str]:
     go = stack.ledger.with_name("go")
     return ["sh", "-c", f"echo start >> {stack.ledger}; "
                         f"until [ -e {go} ]; do sleep 0.05; done; echo done >> {stack.ledger}"]
+
+
+def consuming(stack: Stack, *flags: str) -> tuple[subprocess.Popen[str], Logs]:
+    """A worker of the stack's, once it consumes: an attempt published to it is not short
+    of its `expires` by a worker's start-up (seconds on a loaded machine: with 3 s, the
+    first attempt could expire unrun and the run fail before the test saw it start)."""
+    proc = stack.worker(*flags, burst=False)
+    log = Logs(proc)
+    wait_for(log.consuming, 60, "the worker to consume", detail=log.text)
+    return proc, log
 
 
 def the_task(store: Store) -> dict[str, object]:
@@ -280,16 +291,18 @@ def test_a_task_requeued_by_a_stopping_worker_gets_its_time_to_start_again(
     dag = DAG("stale", retries=0)
     dag.command("work", gated(stack), queue=stack.queue, queued_timeout=5)
     dag.validate(["queue"])
-    scheduler(dag)
     store = from_url(stack.state_url)
     try:
-        first = stack.worker("--drain-timeout=1", burst=False)
+        first, first_log = consuming(stack, "--drain-timeout=1")
+        scheduler(dag)   # published to a worker that waits for it: expires is not spent
         wait_for(lambda: stack.ledger.exists(), timeout=30, what="the task to start")
+        seen = time.monotonic()
         # up before the requeue: the fresh expires (5 s) is not spent on its start-up
-        second = stack.worker(burst=False)
-        time.sleep(5.5)                    # its message's first expires is behind it now
+        second, second_log = consuming(stack)
+        time.sleep(max(0.0, seen + 5.5 - time.monotonic()))  # the first expires is behind
         first.terminate()
-        out = finish(first)
+        first_log.close(first)
+        out = first_log.text()
         assert "killed and requeued" in out, out
         stack.ledger.with_name("go").touch()
         try:
@@ -297,7 +310,8 @@ def test_a_task_requeued_by_a_stopping_worker_gets_its_time_to_start_again(
                      what="the run to end")
         finally:
             second.terminate()
-            out += finish(second)
+            second_log.close(second)
+            out += second_log.text()
         task, done = the_task(store), attempts(store)
     finally:
         store.close()
@@ -316,23 +330,26 @@ def test_a_running_attempt_whose_worker_was_killed_runs_again_past_its_expires(
     dag.command("work", gated(stack), queue=stack.queue, queued_timeout=3,
                 heartbeat_timeout=600)
     dag.validate(["queue"])
-    scheduler(dag)
     store = from_url(stack.state_url)
     try:
-        first = stack.worker(burst=False)
+        first, first_log = consuming(stack)
+        scheduler(dag)   # published to a worker that waits for it: expires is not spent
         wait_for(lambda: stack.ledger.exists(), timeout=30, what="the task to start")
+        seen = time.monotonic()
         # up before the kill: the fresh expires (3 s) is not spent on its start-up
-        second = stack.worker(burst=False)
-        time.sleep(3.5)                    # its message's expires is behind it now
+        second, second_log = consuming(stack)
+        time.sleep(max(0.0, seen + 3.5 - time.monotonic()))  # its expires is behind it
         first.kill()
-        out = finish(first)
+        first_log.close(first)
+        out = first_log.text()
         stack.ledger.with_name("go").touch()
         try:
             wait_for(lambda: the_task(store)["run_state"] != "running", timeout=60,
                      what="the run to end")
         finally:
             second.terminate()
-            out += finish(second)
+            second_log.close(second)
+            out += second_log.text()
         task = the_task(store)
     finally:
         store.close()

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +52,36 @@ def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
         out, _ = proc.communicate()
         raise AssertionError(f"worker did not exit within {timeout}s:\n{out}") from None
     return out
+
+
+class Logs:
+    """Reads a worker's output as it runs (so a test can wait for "consuming")."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        assert proc.stdout is not None
+        stream = proc.stdout
+        self.thread = threading.Thread(target=lambda: self.lines.extend(stream), daemon=True)
+        self.thread.start()
+
+    def consuming(self) -> bool:
+        return any(" consuming " in line for line in list(self.lines))
+
+    def text(self) -> str:
+        """What it printed so far (all of it, once `close` returned)."""
+        return "".join(list(self.lines))
+
+    def close(self, proc: subprocess.Popen[str]) -> None:
+        """Wait for the stopped worker (killed if it has not ended in 30 s) and close its
+        output."""
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        self.thread.join(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
 
 
 def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> None:
