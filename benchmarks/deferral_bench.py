@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,7 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=2000)
     parser.add_argument("--state", default="", help="a postgresql:// URL (default: SQLite)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))   # the children are stopped too
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         schema = f"db{uuid.uuid4().hex[:8]}"
@@ -129,7 +131,8 @@ def main() -> None:
         (tmp / "dags" / "deferbench.py").write_text(DAGS.format(
             files=str(tmp / "files"), waiters=args.waiters, idle=args.idle))
         env = {**os.environ, "CONVEYOR_BROKER_URL": broker, "CONVEYOR_STATE_URL": state,
-               "CONVEYOR_DAGS_FOLDER": str(tmp / "dags"), "CONVEYOR_LOG_LEVEL": "WARNING"}
+               "CONVEYOR_DAGS_FOLDER": str(tmp / "dags"), "CONVEYOR_LOG_LEVEL": "WARNING",
+               "CONVEYOR_MAX_MAP_LENGTH": str(max(args.waiters, args.idle))}
         procs = [subprocess.Popen([sys.executable, "-m", "conveyor.cli", *cmd], env=env,
                                   stdout=subprocess.DEVNULL)
                  for cmd in (["worker", "--concurrency", "4"], ["scheduler"],

@@ -1222,14 +1222,22 @@ UPDATE conveyor_triggers SET owner = :owner, lease_until = :now + :lease
  WHERE fired_at IS NULL AND (owner IS NULL OR lease_until <= :now)
    AND ti_id IN (SELECT ti_id FROM conveyor_triggers
                   WHERE fired_at IS NULL AND (owner IS NULL OR lease_until <= :now)
+                    AND EXISTS (SELECT 1 FROM conveyor_task_instances t
+                                 WHERE t.ti_id = conveyor_triggers.ti_id
+                                   AND t.attempt = conveyor_triggers.attempt
+                                   AND t.state = 'deferred')
                   ORDER BY created_at LIMIT :limit)
 RETURNING ti_id, attempt, run_id, classpath, kwargs, timeout_at;
 
 -- name: renew_triggers
 -- A triggerer's lease on what it runs, renewed; what it still holds (a trigger gone: its
--- task resumed, timed out, was cleared or cancelled; taken: its lease had lapsed).
+-- task resumed or timed out; taken: its lease had lapsed; its task no longer deferred in
+-- that attempt: cleared, cancelled or marked, the row left for no one to run).
 UPDATE conveyor_triggers SET lease_until = :now + :lease
  WHERE owner = :owner AND fired_at IS NULL
+   AND EXISTS (SELECT 1 FROM conveyor_task_instances t
+                WHERE t.ti_id = conveyor_triggers.ti_id
+                  AND t.attempt = conveyor_triggers.attempt AND t.state = 'deferred')
 RETURNING ti_id, attempt;
 
 -- name: fire_trigger
