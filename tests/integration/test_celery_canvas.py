@@ -54,7 +54,13 @@ from conveyor.config import Settings
 from conveyor.events import Event
 from conveyor.message import Codec, Message
 from conveyor.state.store import from_url as state_store
-from tests.conftest import REDIS_URL, delete_redis_prefix
+from tests.conftest import (
+    POSTGRES_URL,
+    REDIS_URL,
+    delete_redis_prefix,
+    drop_postgres_schema,
+    require_service,
+)
 from tests.integration.test_celery_intake import Setup, setup  # noqa: F401 - the fixture
 from tests.integration.workerkit import ROOT, worker_env
 from tests.support import stop, wait_for
@@ -339,10 +345,16 @@ class Runs:
 
 
 @pytest.fixture
-def runs(setup: Setup, tmp_path: Path, unique: str) -> Iterator[Runs]:  # noqa: F811
-    """A state store (SQLite), a scheduler on it; the intake's keys deleted at the end."""
+def runs(request: pytest.FixtureRequest, setup: Setup, tmp_path: Path,  # noqa: F811
+         unique: str) -> Iterator[Runs]:
+    """A state store (SQLite, or Postgres when parametrized so), a scheduler on it; the
+    intake's keys (and a Postgres schema) deleted at the end."""
     (tmp_path / "dags").mkdir()
-    state_url = f"sqlite:///{tmp_path}/state.db"
+    postgres = getattr(request, "param", "sqlite") == "postgres"
+    if postgres:
+        require_service("postgres")
+    state_url = f"{POSTGRES_URL}?schema={unique}s" if postgres else \
+        f"sqlite:///{tmp_path}/state.db"
     env = {"CONVEYOR_STATE_URL": state_url, "CONVEYOR_EVENTS_QUEUE": f"events-{unique}",
            "CONVEYOR_SCHEDULER_CONTROL_QUEUE": f"control-{unique}",
            "CONVEYOR_DAGS_FOLDER": str(tmp_path / "dags"),
@@ -362,6 +374,8 @@ def runs(setup: Setup, tmp_path: Path, unique: str) -> Iterator[Runs]:  # noqa: 
             client.delete(*keys)
     finally:
         client.close()
+    if postgres:
+        drop_postgres_schema(f"{unique}s")
 
 
 def every_id(result: Any) -> list[str]:
@@ -377,6 +391,18 @@ def every_id(result: Any) -> list[str]:
 def test_celery_canvases_run_as_scheduler_runs(setup: Setup, runs: Runs) -> None:  # noqa: F811
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)   # Celery's, as above
+        check_canvas_runs(setup, runs)
+        gc.collect()
+
+
+@pytest.mark.parametrize("setup", ["redis"], indirect=True)
+@pytest.mark.parametrize("runs", ["postgres"], indirect=True)
+def test_celery_canvases_run_as_scheduler_runs_on_postgres(
+        setup: Setup, runs: Runs) -> None:  # noqa: F811
+    """The same canvases with the scheduler's state store on Postgres (the watcher's two
+    queries per turn, Runs.many and TaskInstances.of_runs, have SQL of their own there)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
         check_canvas_runs(setup, runs)
         gc.collect()
 
