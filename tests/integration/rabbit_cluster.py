@@ -123,24 +123,29 @@ class Cluster:
 
     def stop_all(self) -> None:
         """Stop every node at once: SIGTERM to each server by pid (its script has the Erlang
-        VM stop gracefully); a node still up after 30 s gets `rabbitmqctl -n <its name>
-        stop`, then SIGKILL. One `rabbitmqctl stop` after another took 20 s."""
+        VM stop gracefully); a node still up after 15 s (one booting waits for its peers'
+        tables and ignores it) gets `rabbitmqctl -n <its name> stop`, then SIGKILL to its
+        process group. The script may exit before its VM does (dash's trap), so what is
+        awaited is the whole group. One `rabbitmqctl stop` after another took 20 s."""
         running = [n for n in self.nodes if n.proc is not None]
         for node in running:
             assert node.proc is not None
             node.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 15
         for node in running:
             assert node.proc is not None
-            try:
-                node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            pgid = node.proc.pid
+            while group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if group_alive(pgid):
                 subprocess.run([str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node.name, "stop"],
                                env=self.env(node), capture_output=True, timeout=30,
                                check=False)
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(node.proc.pid, signal.SIGKILL)
-                node.proc.wait(timeout=30)
+                    os.killpg(pgid, signal.SIGKILL)
+            node.proc.wait(timeout=30)
+            wait_for(lambda pgid=pgid: not group_alive(pgid), 30,
+                     f"the processes of RabbitMQ node {node.name} to exit")
             node.proc = None
 
     def api(self, path: str) -> Any:
@@ -167,6 +172,15 @@ class Cluster:
 
 
 EPMD = next(iter(sorted(Path("/usr/lib/erlang").glob("erts-*/bin/epmd"))), Path("epmd"))
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group `pgid` (a node's server script and VM) runs."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def registered(node: Node) -> bool:
