@@ -536,3 +536,45 @@ def test_celery_revoke_cancels_a_task_of_a_canvas_run(
              == "failed", 30, "the run to end")
     assert states() == {"wait_for_file-0": "success", "add-1": "cancelled",
                         "add-2": "upstream_failed"}
+
+
+@pytest.mark.parametrize("setup", ["redis"], indirect=True)
+def test_a_scheduler_killed_between_steps_of_a_celery_chain_loses_and_repeats_nothing(
+        setup: Setup, runs: Runs, tmp_path: Path) -> None:  # noqa: F811
+    """SIGKILL of the scheduler running a Celery chain's run, with step one done and step two
+    claimed, not published (tests/integration/scheduler_crashing.py): the next scheduler
+    publishes step two after the claim's lease; the producer's get() returns the last step's
+    result, and each step ran once."""
+    ledger = str(tmp_path / "ledger")
+    app = setup.app
+
+    def step(task: str, token: str) -> Any:
+        return app.signature(task, args=(ledger, token), immutable=True)
+    stop(runs.scheduler)                  # the fixture's, replaced by one that dies
+    env = worker_env(setup.conveyor_url, **runs.env)
+    runs.scheduler = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.scheduler_crashing"], cwd=ROOT,
+        env={**env, "CONVEYOR_TEST_DIE_PUBLISHING": "record-1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    setup.worker(**runs.env)
+    sent = chain(step("t.record", "one"), step("t.record", "two"),
+                 step("t.record", "three")).apply_async()
+    setup.task_ids += every_id(sent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)   # Celery's, as above
+        assert runs.scheduler.wait(60) == -9, "the scheduler should have died at step two"
+        (run,) = runs.rows("recent_runs", dag_id="", state="", limit=5)
+        tis = {r["task_id"]: r for r in runs.rows("run_tis", run_id=run["run_id"])}
+        assert (tis["record-0"]["state"], tis["record-1"]["state"],
+                tis["record-1"]["published_at"]) == ("success", "queued", None)
+        runs.scheduler = subprocess.Popen(
+            [sys.executable, "-m", "conveyor.cli", "scheduler"], cwd=ROOT, env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert setup.get(sent, 90) == "three", setup.output()
+        assert sent.parent.get(timeout=10) == "two"
+        gc.collect()
+    (run,) = runs.rows("recent_runs", dag_id="", state="", limit=5)
+    assert run["state"] == "success"
+    lines = Counter(" ".join(line.split()[:2]) for line in Path(ledger).read_text().splitlines())
+    assert lines == {"start one": 1, "done one": 1, "start two": 1, "done two": 1,
+                     "start three": 1, "done three": 1}
