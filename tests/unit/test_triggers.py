@@ -83,3 +83,22 @@ def test_a_deferral_that_cannot_be_described_fails_the_task() -> None:
 def test_a_task_outside_a_dag_that_defers_fails_saying_what_to_do() -> None:
     failed = outside_dag(classify(Facts(_deferral(Defer(FileTrigger("/x"))), CLEAN_EXIT)))
     assert failed.kind == "failed" and "Defer is for DAG tasks" in failed.reason
+
+
+def test_file_triggers_share_one_poller_and_a_cancelled_one_leaves_nothing(
+        tmp_path: Path) -> None:
+    from conveyor.triggers.builtin import _Poller
+
+    async def scenario() -> tuple[list[dict[str, object]], int]:
+        later = tmp_path / "later"
+        waits = [asyncio.create_task(FileTrigger(str(later), 0.01).run()) for _ in range(3)]
+        gone = asyncio.create_task(FileTrigger(str(tmp_path / "never"), 0.01).run())
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        later.write_text("ok")
+        fired = await asyncio.gather(*waits)
+        await asyncio.gather(gone, return_exceptions=True)
+        return fired, len(_Poller.of(0.01).waiting)
+
+    fired, left = asyncio.run(scenario())
+    assert [f["size"] for f in fired] == [2, 2, 2] and left == 0
