@@ -131,8 +131,6 @@ def test_chain_group_and_chord_return_what_celery_would(stack: Stack) -> None:
 
 def test_a_scheduler_killed_between_chain_steps_loses_and_repeats_nothing(
         stack: Stack, tmp_path: Path) -> None:
-    if stack.broker_url.startswith("amqp"):
-        pytest.skip("one broker over the network is enough for the crash (Redis)")
     ledger = str(tmp_path / "ledger")
     scheduler = start(stack)
     steps = chain(stack.on(t.step.s(0, ledger, "s0", 1.0)),
@@ -160,8 +158,6 @@ def test_a_scheduler_killed_publishing_a_chords_callback_loses_and_repeats_nothi
         stack: Stack, tmp_path: Path) -> None:
     """The chord step: the members' last success and the callback's claim committed, the
     callback not published; the next scheduler publishes it once its lease lapses."""
-    if stack.broker_url.startswith("amqp"):
-        pytest.skip("one broker over the network is enough for the crash (Redis)")
     ledger = str(tmp_path / "ledger")
     env = {**stack.env, "CONVEYOR_SCHEDULER_EVENT_LEASE": "2"}
     stack.processes.append(spawn("worker", "--queues", stack.queue, "--concurrency", "4",
