@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from conveyor.tasks import Defer
-from conveyor.triggers import DelayTrigger, FileTrigger, TimeTrigger, Trigger, TriggerError, load
+from conveyor.triggers import (
+    DelayTrigger,
+    FileTrigger,
+    HttpTrigger,
+    SqlTrigger,
+    TimeTrigger,
+    Trigger,
+    TriggerError,
+    load,
+)
 from conveyor.worker.outcome import Budget, Facts, classify, decide, outside_dag
 from conveyor.worker.runner import _deferral
 
@@ -102,3 +111,50 @@ def test_file_triggers_share_one_poller_and_a_cancelled_one_leaves_nothing(
 
     fired, left = asyncio.run(scenario())
     assert [f["size"] for f in fired] == [2, 2, 2] and left == 0
+
+
+def test_an_http_trigger_fires_once_the_endpoint_answers_as_expected() -> None:
+    import http.server
+    import threading
+
+    answers = iter([503, 200, 200])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:   # noqa: N802 - the stdlib's name
+            status = next(answers)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(b"ready" if status == 200 else b"not yet")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/health"
+        fired = asyncio.run(HttpTrigger(url, contains="ready", poll_interval=0.01).run())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert fired == {"url": url, "status": 200, "body": "ready"}
+
+
+def test_a_sql_trigger_fires_once_its_query_returns_rows(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE batches (id INTEGER, done INTEGER)")
+        conn.execute("INSERT INTO batches VALUES (1, 0)")
+
+    async def scenario() -> dict[str, object]:
+        waiting = asyncio.create_task(SqlTrigger(
+            f"sqlite:///{db}", "SELECT id FROM batches WHERE done = 1", 0.01).run())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE batches SET done = 1")
+        return await waiting
+
+    assert asyncio.run(scenario()) == {"rows": [[1]]}
