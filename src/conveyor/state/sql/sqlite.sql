@@ -1266,3 +1266,14 @@ SELECT COUNT(*) AS deferred,
 -- for the scheduler to fail the task with.
 UPDATE conveyor_triggers SET owner = 'failed', lease_until = NULL, payload = :error
  WHERE ti_id = :ti_id AND attempt = :attempt AND owner = :owner AND fired_at IS NULL;
+
+-- name: migration_0019
+-- Fired triggers whose task a scheduler has yet to resume, found without a scan.
+CREATE INDEX conveyor_triggers_fired ON conveyor_triggers (fired_at) WHERE fired_at IS NOT NULL;
+
+-- name: fired_deferred
+-- Deferred attempts whose trigger fired, with its payload: resumed in a batch per tick.
+SELECT t.*, g.payload AS fired_payload FROM conveyor_triggers g
+  JOIN conveyor_task_instances t ON t.ti_id = g.ti_id AND t.attempt = g.attempt
+ WHERE g.fired_at IS NOT NULL AND t.state = 'deferred'
+ ORDER BY g.fired_at LIMIT :limit;
