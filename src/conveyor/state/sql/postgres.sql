@@ -1167,6 +1167,21 @@ SELECT dag_id, uri, role FROM conveyor_asset_refs ORDER BY uri, role, dag_id;
 -- name: asset_events_of
 SELECT * FROM conveyor_asset_events WHERE uri = %(uri)s ORDER BY event_id DESC LIMIT %(limit)s;
 
+-- name: asset_event_last
+-- The newest event's id (where a triggerer's asset triggers start reading).
+SELECT COALESCE(MAX(event_id), 0) AS event_id FROM conveyor_asset_events;
+
+-- name: asset_event_since
+-- The first event of a URI recorded after a time, up to an id (an asset trigger's catch-up).
+SELECT * FROM conveyor_asset_events
+ WHERE uri = %(uri)s AND created_at > %(since)s AND event_id <= %(upto)s
+ ORDER BY event_id LIMIT 1;
+
+-- name: asset_events_after
+-- Every event after an id, oldest first (one read per poll for all asset triggers).
+SELECT * FROM conveyor_asset_events WHERE event_id > %(after)s ORDER BY event_id
+ LIMIT %(limit)s;
+
 -- name: asset_queue_counts
 -- Events waiting for each consuming DAG's condition (the scheduler's metrics).
 SELECT dag_id, COUNT(*) AS n FROM conveyor_asset_queue GROUP BY dag_id;
