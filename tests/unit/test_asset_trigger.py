@@ -5,8 +5,11 @@ SQLite and Postgres with `conveyor assets touch`."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,9 +27,10 @@ class Orders:
     uri = "s3://lake/orders"
 
 
-async def serve(store: Store, *triggers: AssetTrigger, record: Any = None) -> list[Any]:
+async def serve(store: Store, *triggers: AssetTrigger, record: Any = (),
+                late: Any = ()) -> list[Any]:
     """Run `triggers` under an AssetWatch; `record(store)` on the store's thread once
-    they wait; their payloads."""
+    they wait, then `late(store)` once it has been read; their payloads."""
     io = ThreadPoolExecutor(1)
     loop = asyncio.get_running_loop()
 
@@ -37,8 +41,10 @@ async def serve(store: Store, *triggers: AssetTrigger, record: Any = None) -> li
         ASSET_EVENTS.set(AssetWatch(store, call))
         running = [asyncio.create_task(t.run()) for t in triggers]
         await asyncio.sleep(0.3)   # they wait (or have fired)
-        if record is not None:
-            await call(lambda: record(store))
+        for step in (record, late):
+            if step:
+                await call(functools.partial(step, store))
+                await asyncio.sleep(0.3)   # read
         return list(await asyncio.wait_for(asyncio.gather(*running), 30))
     finally:
         io.shutdown()
@@ -77,3 +83,24 @@ def test_an_event_between_its_deferral_and_its_claim_fires_it(store: Store) -> N
 def test_outside_a_triggerer_it_says_where_it_runs() -> None:
     with pytest.raises(TriggerError, match="conveyor triggerer"):
         asyncio.run(AssetTrigger(Orders.uri).run())
+
+
+def test_an_event_committed_below_the_cursor_still_fires_it(store: Store, tmp_path: Path
+                                                           ) -> None:
+    """Postgres takes an event's id at insert: a slow transaction commits an id the cursor
+    has passed. Here id 3 is committed after 4 was read."""
+    trigger = AssetTrigger(Orders.uri, poll_interval=0.05, since=time.time() - 1)
+
+    def insert(event_id: int, uri: str, extra: str) -> None:
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            db.execute("INSERT INTO conveyor_asset_events (event_id, uri, extra, source, "
+                       "created_at) VALUES (?, ?, ?, 'cli', ?)",
+                       (event_id, uri, extra, time.time()))
+
+    def record(s: Store) -> None:   # ids 2 and 3 taken, not committed
+        insert(1, "s3://lake/elsewhere", "{}")
+        insert(4, "s3://lake/elsewhere", "{}")
+
+    fired = asyncio.run(serve(store, trigger, record=record,
+                              late=lambda s: insert(3, Orders.uri, '{"n": 7}')))
+    assert fired[0]["event_id"] == 3 and fired[0]["extra"] == {"n": 7}

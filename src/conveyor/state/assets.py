@@ -147,7 +147,7 @@ class Assets(Repository):
         row = self.store.one("asset_event_since", uri=uri, since=since, upto=upto)
         return None if row is None else AssetEvent.from_row(row)
 
-    def after(self, event_id: int, limit: int) -> list[AssetEvent]:
-        """The events after `event_id`, oldest first."""
-        return [AssetEvent.from_row(row)
-                for row in self.store.rows("asset_events_after", after=event_id, limit=limit)]
+    def after(self, event_id: int, limit: int, upto: int = 2**62) -> list[AssetEvent]:
+        """The events after `event_id` (up to `upto`), oldest first."""
+        return [AssetEvent.from_row(row) for row in self.store.rows(
+            "asset_events_after", after=event_id, upto=upto, limit=limit)]

@@ -3,12 +3,17 @@ one poller per triggerer reads every event after the last id it saw, one query p
 interval for all of them, and hands each to the triggers waiting on its URI. A trigger
 new to the poller first looks back (one indexed query of its URI) for an event recorded
 after it deferred and before the poller's cursor: taken over from a killed triggerer, or
-claimed late, it still fires on what happened meanwhile."""
+claimed late, it still fires on what happened meanwhile.
+
+On Postgres an event's id is taken when it is inserted, not when it commits: a slow
+transaction commits an id below the cursor. The ids skipped over are read again for
+GAP_WAIT seconds (ids a re-sent event's dedupe key burned never come, and are let go)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -20,6 +25,9 @@ log = logging.getLogger("conveyor.triggerer")
 T = TypeVar("T")
 #: Events read per poll at most (the rest on the next one).
 BATCH = 1000
+#: How long an id skipped by the cursor is looked for (a transaction still open), and how
+#: many such ids are kept at most.
+GAP_WAIT, MAX_GAPS = 60.0, 10_000
 
 
 @dataclass
@@ -47,6 +55,7 @@ class AssetWatch:
         self.io = io
         self.waiting: dict[str, list[_Waiter]] = {}
         self.seen: int | None = None
+        self.gaps: dict[int, float] = {}   # an id skipped by the cursor: when seen missing
         self.task: asyncio.Task[None] | None = None
         self.woken = asyncio.Event()
 
@@ -84,15 +93,19 @@ class AssetWatch:
     async def _pass(self) -> None:
         new = sorted({(w.uri, w.since) for ws in self.waiting.values() for w in ws
                       if not w.caught_up})
-        seen = self.seen
+        seen, gaps = self.seen, set(self.gaps)
 
         def read() -> tuple[int, list[AssetEvent]]:
             upto = self.assets.last_event_id() if seen is None else seen
             found = [e for uri, since in new
                      if (e := self.assets.first_since(uri, since, upto)) is not None]
-            return upto, found + self.assets.after(upto, BATCH)
+            late = [] if not gaps else [
+                e for e in self.assets.after(min(gaps) - 1, BATCH, upto=max(gaps))
+                if e.event_id in gaps]
+            return upto, found + late + self.assets.after(upto, BATCH)
 
         upto, events = await self.io(read)
+        self._note_gaps(upto, events)
         for ws in self.waiting.values():
             for w in ws:
                 w.caught_up = w.caught_up or (w.uri, w.since) in new
@@ -101,3 +114,17 @@ class AssetWatch:
                 if not w.future.done() and event.created_at > w.since:
                     w.future.set_result(payload(event))
         self.seen = max([upto, *(e.event_id for e in events)])
+
+    def _note_gaps(self, upto: int, events: list[AssetEvent]) -> None:
+        """Ids read are no gap; ids the cursor skips over are, until GAP_WAIT passes."""
+        now = time.time()
+        expected = upto + 1
+        for event in events:
+            self.gaps.pop(event.event_id, None)
+            if event.event_id >= expected:
+                if len(self.gaps) < MAX_GAPS:
+                    self.gaps.update(dict.fromkeys(
+                        range(expected, min(event.event_id, expected + MAX_GAPS)), now))
+                expected = event.event_id + 1
+        for gap in [g for g, at in self.gaps.items() if now - at > GAP_WAIT]:
+            del self.gaps[gap]

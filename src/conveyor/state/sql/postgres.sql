@@ -1178,9 +1178,10 @@ SELECT * FROM conveyor_asset_events
  ORDER BY event_id LIMIT 1;
 
 -- name: asset_events_after
--- Every event after an id, oldest first (one read per poll for all asset triggers).
-SELECT * FROM conveyor_asset_events WHERE event_id > %(after)s ORDER BY event_id
- LIMIT %(limit)s;
+-- The events after an id up to another, oldest first (one read per poll for all asset
+-- triggers, and one more while an id below the cursor may yet commit).
+SELECT * FROM conveyor_asset_events WHERE event_id > %(after)s AND event_id <= %(upto)s
+ ORDER BY event_id LIMIT %(limit)s;
 
 -- name: asset_queue_counts
 -- Events waiting for each consuming DAG's condition (the scheduler's metrics).
