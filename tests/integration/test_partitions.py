@@ -389,15 +389,16 @@ def test_a_scheduler_cut_off_from_its_state_store_stops_then_resumes_once(
                                    for kind in ("start", "end")), lines
 
 
-def test_on_rabbitmq_a_cut_off_workers_task_runs_again_and_its_late_ack_is_refused(
+def test_on_rabbitmq_a_cut_off_worker_is_fenced_before_its_task_runs_again(
         servers: Servers, tmp_path: Path, unique: str) -> None:
     """RabbitMQ (the shared node, reached through a relay on the test's address): deliveries
     belong to a connection, not a lease. Worker A is cut off 0.1 s into an 8 s task; the
-    broker misses A's heartbeats (`heartbeat=2`), closes its connection and hands the task
-    to worker B. A is not fenced (no lease to reckon), so its run goes on: the two runs MAY
-    overlap (README), and this measures by how much. A's ack, made on the connection the
-    broker closed, is never taken (it is not delivered a third time) and nothing is lost: one
-    duplicate, the task in flight at the cut."""
+    broker misses A's heartbeats (`heartbeat=2`), closes its connection no sooner than 4 s
+    after it last read from it and hands the task to worker B. A reckons that lease from round
+    trips on the connection (broker/rabbitmq/liveness.py) and kills its runner before it
+    lapses (self-fencing): the two runs do not overlap. A's requeue, made on the connection
+    the broker closed, is never taken (it is not delivered a third time) and nothing is lost:
+    one duplicate, the run the partition interrupted."""
     require_service("rabbitmq")
     relay = netns.DelayRelay(servers.net.server, ("127.0.0.1", 5672))
     url = f"amqp://guest:guest@{relay.address}/%2F?heartbeat=2"
@@ -421,7 +422,8 @@ def test_on_rabbitmq_a_cut_off_workers_task_runs_again_and_its_late_ack_is_refus
         recovered = runs(ledger)["long"][1].start - cut_at
         wait_for(lambda: runs(ledger)["long"][1].ended, 30, "B's run to end")
         host_a.heal()
-        wait_for(lambda: runs(ledger)["long"][0].ended, 30, "A's run to end")
+        wait_for(lambda: "self-fenced" in "".join(out_a), 30, "A to fence its run",
+                 detail=lambda: "".join(out_a))
         wait_for(lambda: "reconnected to RabbitMQ" in "".join(out_a), 60,
                  "A to reach the broker again (its late ack, if any, sent before)",
                  detail=lambda: "".join(out_a))
@@ -444,11 +446,11 @@ def test_on_rabbitmq_a_cut_off_workers_task_runs_again_and_its_late_ack_is_refus
         relay.close()
         clean_transport("rabbitmq", unique)
     first, second = runs(ledger)["long"]
-    overlap = max(0.0, first.last - second.start)
-    print(f"\nrabbitmq: task running again elsewhere {recovered:.2f} s after the cut "
-          f"(heartbeat 2 s); the cut-off worker's run was not stopped: the two overlapped "
-          f"{overlap:.2f} s")
-    assert first.ended and second.ended, ("".join(out_a), "".join(out_b))
+    print(f"\nrabbitmq: the cut-off worker killed its runner {first.last - cut_at:.2f} s after "
+          f"the cut (last tick); the task ran again elsewhere {recovered:.2f} s after the cut "
+          f"(heartbeat 2 s); no overlap")
+    assert not first.ended and second.ended, ("".join(out_a), "".join(out_b))
+    assert_no_overlap(runs(ledger))
     depth = from_url(RABBITMQ_URL)
     try:
         assert depth.is_empty([queue]), "the message came back once more: A's ack was taken?"

@@ -31,6 +31,8 @@ class MemoryBroker:
 
     lease_seconds = 30.0
     weaker_guarantees = ""
+    leases = True          # self-fencing renews lease_until, as on Redis, Postgres, SQLite
+    fence_seconds = lease_seconds
 
     def __init__(self) -> None:
         self.queues: dict[str, deque[tuple[bytes, int]]] = {}

@@ -53,9 +53,11 @@ class Delivery:
     priority: int = 0
     #: When (time.monotonic(), this process) its lease lapses at the earliest: the claim or
     #: the last renewal was *sent* at `lease_until - lease_seconds`, so the broker's own
-    #: lease, started when the request arrived, lapses no sooner. Infinite where the
-    #: transport has no lease that lapses by time (RabbitMQ, kombu: a delivery is the
-    #: connection's). A worker stops its runner before this passes (worker/fencing.py).
+    #: lease, started when the request arrived, lapses no sooner. On RabbitMQ, when the
+    #: broker may close the connection it came on at the earliest, as the transport proves
+    #: it (broker/rabbitmq/liveness.py); infinite where nothing lapses by time (kombu, or
+    #: a RabbitMQ connection without heartbeats). A worker stops its runner before this
+    #: passes (worker/fencing.py).
     lease_until: float = field(default=math.inf, repr=False)
 
 
@@ -112,6 +114,13 @@ class Broker(abc.ABC):
     #: Whether a delivery is held by a lease that lapses by time, the consumer alive or not
     #: (Redis, Postgres, SQLite): then its `lease_until` is kept (see `Delivery`).
     leases: bool = False
+
+    @property
+    def fence_seconds(self) -> float:
+        """The lease a worker's self-fencing reckons with (worker/fencing.py): `lease_seconds`
+        where leases lapse by time; a transport that stamps `lease_until` itself (RabbitMQ)
+        says how long its own lasts; infinite where nothing lapses by time (kombu)."""
+        return self.lease_seconds if self.leases else math.inf
 
     def __init__(self, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         self.lease_seconds = lease_seconds

@@ -47,6 +47,10 @@ class Consumer(Producer, Protocol):
 
     lease_seconds: float
     weaker_guarantees: str
+    leases: bool
+
+    @property
+    def fence_seconds(self) -> float: ...
 
     def consume(self, queues: Sequence[str], *, prefetch: int = 1, timeout: float = 1.0,
                 ahead: int = 0) -> Generator[Delivery | None, float | None, None]: ...

@@ -18,9 +18,16 @@ its settle held until the broker answers (worker/outage.py); by then the message
 another worker's, and the settle is refused (`LeaseLost`), as is any late ack.
 
 A run not started yet whose lease is that close to its end is not started (`lapsing`).
-Transports without such leases (RabbitMQ, kombu: a delivery is bound to its connection) keep
-`lease_until` infinite and are never fenced here; see the README, "What each broker
-guarantees under a partition".
+
+RabbitMQ (`amqp://`): a delivery is bound to its connection, which RabbitMQ closes (and so
+requeues the delivery) no sooner than two heartbeat timeouts after it last read from it. The
+transport stamps `lease_until` itself from round trips on the connection
+(broker/rabbitmq/liveness.py), so `renewed` leaves it alone (`renews=False`), and the lease
+reckoned with is `Broker.fence_seconds` (two heartbeat timeouts). It is renewed on the
+worker's heartbeat, so a heartbeat timeout too short for the worker's interval would fence
+runs that are fine: then fencing is off, with a WARNING (`fits`). kombu keeps `lease_until`
+infinite and is never fenced; see the README, "What each broker guarantees under a
+partition".
 """
 
 from __future__ import annotations
@@ -45,29 +52,46 @@ def margin(lease_seconds: float) -> float:
     return min(lease_seconds / 2, max(0.5, lease_seconds / 6))
 
 
+def fits(lease_seconds: float, renew_every: float) -> bool:
+    """Whether a transport-stamped lease (RabbitMQ) outlasts a renewal interval with room:
+    the proof a renewal stamps is up to a quarter of a heartbeat timeout (an eighth of the
+    lease) and a second of loop latency old, and the run is stopped `margin` before the end."""
+    return renew_every + lease_seconds / 8 + 1.0 <= lease_seconds - margin(lease_seconds)
+
+
 class SelfFence:
     """Watches the leases of the runs a supervisor starts; see the module docstring."""
 
-    def __init__(self, clock: Clock, pool: RunnerPool, lease_seconds: float) -> None:
+    def __init__(self, clock: Clock, pool: RunnerPool, lease_seconds: float,
+                 renews: bool = True, renew_every: float = 0.0) -> None:
         self.clock = clock
         self.pool = pool
         self.lease_seconds = lease_seconds
         self.margin = margin(lease_seconds)
+        #: whether `renewed` stamps `lease_until` (False: the transport does, see above)
+        self.renews = renews
+        self.on = renews or not math.isfinite(lease_seconds) or fits(lease_seconds, renew_every)
+        if not self.on:
+            log.warning("self-fencing is off: the broker's lease (%.1f s: two heartbeat "
+                        "timeouts of the connection) is too short for the worker's heartbeat "
+                        "interval (%.1f s), so runs that are fine would be stopped; raise the "
+                        "broker URL's heartbeat or lower --heartbeat-interval", lease_seconds,
+                        renew_every)
 
     def watch(self, run: Run) -> None:
         """Called as `run` starts (main thread): check its lease before it lapses."""
-        if math.isfinite(run.delivery.lease_until):
+        if self.on and math.isfinite(run.delivery.lease_until):
             run.timers.append(self.clock.at(run.delivery.lease_until - self.margin,
                                             lambda: self._due(run)))
 
     def renewed(self, delivery: Delivery, since: float) -> None:
         """Its lease was renewed by a request sent at `since` (main thread)."""
-        if math.isfinite(delivery.lease_until):
+        if self.renews and math.isfinite(delivery.lease_until):
             delivery.lease_until = since + self.lease_seconds
 
     def lapsing(self, run: Run, now: float) -> bool:
         """Whether `run`'s lease is too close to its end to start it."""
-        return run.delivery.lease_until - self.margin <= now
+        return self.on and run.delivery.lease_until - self.margin <= now
 
     def _due(self, run: Run) -> None:
         """On the clock's thread: set again if renewed, else stop the runner."""

@@ -119,7 +119,8 @@ class Supervisor(Intake):
                 cancels.close()
             raise
         self.clock = Clock(self._on_pool_change)  # after the pool, which may fail to start
-        self.fence = SelfFence(self.clock, self.pool, broker.lease_seconds)
+        self.fence = SelfFence(self.clock, self.pool, broker.fence_seconds,
+                               renews=broker.leases, renew_every=config.heartbeat_interval)
         self.cancels = Canceller(cancels, self.pool, self.clock, config.cancel_grace,
                                  lambda: list(self.running))
         broker.hold_connections_with(self.pool.hold)  # no redelivery while a runner lives

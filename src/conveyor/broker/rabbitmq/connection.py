@@ -30,6 +30,7 @@ quorum queues: on a cluster each is replicated on up to RabbitMQ's
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import socket
@@ -62,6 +63,7 @@ from conveyor.broker.rabbitmq.ladder import (
     validate_queue_name,
 )
 from conveyor.broker.rabbitmq.ledger import Subscription
+from conveyor.broker.rabbitmq.liveness import Liveness
 from conveyor.broker.rabbitmq.management import ManagementAPI
 from conveyor.broker.rabbitmq.settings import parse_url
 from conveyor.broker.reconnect import Reconnect, Recovery, quiet_library_loggers
@@ -141,6 +143,8 @@ class RabbitMQConnection(Broker):
                                    self.settings.management_password,
                                    self.settings.params.virtual_host)
         self._conn: BlockingConnection | None = None
+        self._liveness: Liveness | None = None   # the open connection's (self-fencing)
+        self._opened_at = 0.0
         self._channels: dict[str, BlockingChannel] = {}
         self._batch: BatchConfirms | None = None
         self._declared: set[str] = set()
@@ -170,6 +174,7 @@ class RabbitMQConnection(Broker):
         self._drop_connection()
         conn = self._open()
         self._conn = conn
+        self._liveness = Liveness(conn, self._opened_at)
         self._connected_once = True
         self._hand_to_holder(conn)
         server = getattr(getattr(conn, "_impl", None), "server_properties", None) or {}
@@ -186,6 +191,7 @@ class RabbitMQConnection(Broker):
             if failures:
                 time.sleep(random.uniform(0, HOST_JITTER))
             try:
+                self._opened_at = time.monotonic()
                 conn = pika.BlockingConnection(hosts[n])
             except CONNECTION_ERRORS as exc:
                 if not self._connected_once and refused_by_broker(exc):
@@ -202,6 +208,17 @@ class RabbitMQConnection(Broker):
         if len(failures) == 1:
             raise failures[0][1]
         raise NoNodeAnswered(failures)
+
+    @property
+    def fence_seconds(self) -> float:
+        """Two heartbeat timeouts of the connection: RabbitMQ keeps it (and its deliveries)
+        at least that long after it last read from it (liveness.py); infinite without
+        heartbeats."""
+        return self._liveness.lease if self._liveness is not None else math.inf
+
+    def _lease_until(self) -> float:
+        """When RabbitMQ may close the connection at the earliest, as proven so far."""
+        return self._liveness.lease_until() if self._liveness is not None else math.inf
 
     def hold_connections_with(self, hold: Callable[[socket.socket], None]) -> None:
         """Deliveries go back the moment the connection closes (see `Broker`)."""
@@ -234,6 +251,7 @@ class RabbitMQConnection(Broker):
     def _drop_connection(self) -> None:
         """Forget the connection (closing it if it is still open); the subscription is lost."""
         conn, self._conn = self._conn, None
+        self._liveness = None
         if conn is not None:
             self._last_lost = self.node
         self._channels.clear()
@@ -370,4 +388,6 @@ class RabbitMQConnection(Broker):
         was lost must be noticed, and re-subscribed, not silently replaced)."""
         if self._conn is None:
             raise pex.ConnectionWrongStateError("the connection to RabbitMQ was lost")
+        if self._liveness is not None:
+            self._liveness.probe()
         self._conn.process_data_events(time_limit=seconds)

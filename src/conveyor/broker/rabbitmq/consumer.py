@@ -190,7 +190,8 @@ class RabbitMQConsumer(RabbitMQProducer):
                           message_id=props.message_id)
         headers = props.headers or {}
         return Delivery(queue=queue, body=body, delivery_count=delivery_count(headers),
-                        receipt=receipt, priority=priority_of(headers))
+                        receipt=receipt, priority=priority_of(headers),
+                        lease_until=self._lease_until())
 
     def _live(self) -> Subscription | None:
         """The subscription if it can still deliver; notices a channel RabbitMQ closed."""
@@ -539,7 +540,8 @@ class RabbitMQConsumer(RabbitMQProducer):
         self._finish(sub, delivery, flush=True)
 
     def extend_lease(self, delivery: Delivery, seconds: float | None = None) -> None:
-        """Deliveries are bound to the connection: keep it alive and check it still is."""
+        """Deliveries are bound to the connection: keep it alive, check it still is, and
+        stamp `lease_until` with what its liveness proves (liveness.py)."""
         sub = self._owned(delivery, "extend_lease")
         try:
             self._flush(sub)
@@ -548,6 +550,7 @@ class RabbitMQConsumer(RabbitMQProducer):
         except CONNECTION_ERRORS as exc:
             self._lose_connection("extending a lease", exc)
         self._owned(delivery, "extend_lease")
+        delivery.lease_until = self._lease_until()
 
 
 def _first_buffered(sub: Subscription, pairs: Sequence[tuple[str, str]]) -> Delivery | None:
