@@ -13,6 +13,7 @@ from typing import Any
 
 from conveyor.events import Event
 from conveyor.state.records import TaskInstance, Transition
+from conveyor.state.runs import Runs
 from conveyor.state.store import Store
 from conveyor.state.triggers import Triggers
 
@@ -31,6 +32,22 @@ def record(store: Store, ti: TaskInstance, key: Transition, event: Event,
                              kwargs=dict(deferral.get("kwargs") or {}),
                              timeout_at=timeout_at) and timeout_at is not None:
         wake_at(timeout_at)
+
+
+def resume_fired(store: Store, now: float, claim: dict[str, Any], limit: int = 200
+                 ) -> tuple[int, list[TaskInstance]]:
+    """Every deferred attempt whose trigger fired (up to `limit`: the engine's BATCH, which
+    its `_claim_and_dispatch` repeats while a batch comes back full), queued again in the
+    caller's transaction, runs locked in order: 200 files landing at once are one
+    transaction and one publish batch, not 200 of each. (How many were found, those
+    resumed: another scheduler may have resumed some.)"""
+    triggers, runs = Triggers(store), Runs(store)
+    fired = triggers.fired(limit)
+    for run_id in sorted({ti.run_id for ti, _ in fired}):
+        runs.lock(run_id)
+    resumed = [again for ti, payload in fired
+               for again in triggers.resume(ti, payload, now=now, **claim)]
+    return len(fired), resumed
 
 
 def due(store: Store, ti: TaskInstance, now: float, claim: dict[str, Any], fail: Fail

@@ -367,6 +367,7 @@ class Engine:
         """Do everything due at `now`; return when something is next due (None: nothing)."""
         self._cron(now)
         self.asset_runs.tick(self.dags, list(self.executors), now)
+        self._claim_and_dispatch(lambda at: deferral.resume_fired(self.store, at, self._claim), now)
         for due in self.tis.due(now, BATCH):
             self._expire(due, now)
         self._claim_and_dispatch(self._start_queued_runs, now)

@@ -61,6 +61,15 @@ class Sensors:
         return self._sensor(sensors.wait_for_sql, "wait_for_sql", options, url=url,
                             query=query, timeout=timeout, poll_interval=poll_interval)
 
+    def wait_for_asset(self, asset: Any, *, timeout: float | None = None,
+                       poll_interval: float = 1.0, **options: Any) -> Any:
+        """Until an event of `asset` (an Asset or its URI) is recorded after the sensor
+        starts; returns {"event_id", "uri", "extra", "timestamp", "source"}."""
+        from conveyor.triggers import sensors
+        uri = str(getattr(asset, "uri", asset))
+        return self._sensor(sensors.wait_for_asset, "wait_for_asset", options, uri=uri,
+                            timeout=timeout, poll_interval=poll_interval)
+
     def _sensor(self, task: Any, default_id: str, options: dict[str, Any],
                 **kwargs: Any) -> Any:
         options.setdefault("id", default_id)

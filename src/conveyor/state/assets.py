@@ -136,3 +136,18 @@ class Assets(Repository):
         """The latest events of `uri`, newest first."""
         return [AssetEvent.from_row(row)
                 for row in self.store.rows("asset_events_of", uri=uri, limit=limit)]
+
+    def last_event_id(self) -> int:
+        """The newest event's id (0 with none)."""
+        row = self.store.one("asset_event_last")
+        return int(row["event_id"]) if row else 0
+
+    def first_since(self, uri: str, since: float, upto: int) -> AssetEvent | None:
+        """The first event of `uri` recorded after `since`, with an id up to `upto`."""
+        row = self.store.one("asset_event_since", uri=uri, since=since, upto=upto)
+        return None if row is None else AssetEvent.from_row(row)
+
+    def after(self, event_id: int, limit: int, upto: int = 2**62) -> list[AssetEvent]:
+        """The events after `event_id` (up to `upto`), oldest first."""
+        return [AssetEvent.from_row(row) for row in self.store.rows(
+            "asset_events_after", after=event_id, upto=upto, limit=limit)]

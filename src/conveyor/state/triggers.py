@@ -60,6 +60,11 @@ class Triggers(Repository):
         return TriggerState(row["classpath"], row["timeout_at"], row["fired_at"] is not None,
                             row["payload"])
 
+    def fired(self, limit: int) -> list[tuple[TaskInstance, str | None]]:
+        """Deferred attempts whose trigger fired, oldest firing first, with its payload."""
+        return [(TaskInstance.from_row(row), row["fired_payload"])
+                for row in self.store.rows("fired_deferred", limit=limit)]
+
     def resume(self, ti: TaskInstance, payload: str | None, *, now: float, scheduler: str,
                lease: float) -> list[TaskInstance]:
         """The same attempt queued again with the payload, claimed for publishing."""

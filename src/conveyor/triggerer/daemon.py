@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 from conveyor.message import new_id
 from conveyor.state.store import Store
 from conveyor.state.triggers import Deferral, Triggers
+from conveyor.triggerer.assets import AssetWatch
+from conveyor.triggers.assets import ASSET_EVENTS
 from conveyor.triggers.base import TriggerError, load
 
 log = logging.getLogger("conveyor.triggerer")
@@ -61,6 +63,7 @@ class Triggerer:
     async def run(self) -> None:
         """Until `stop`: claim, run, fire; on the way out, release what we hold."""
         self._stop, self._due = asyncio.Event(), asyncio.Event()
+        ASSET_EVENTS.set(AssetWatch(self.store, self._io_call))   # for its AssetTriggers
         log.info("triggerer %s starting (lease %g s)", self.triggerer_id, self.lease)
         renewed = 0.0
         try:

@@ -6,6 +6,7 @@ returning the payload when it fires). The task then runs again, the same attempt
 payload in `context.trigger_event`. See base.py for writing one's own.
 """
 
+from conveyor.triggers.assets import AssetTrigger
 from conveyor.triggers.base import Trigger, TriggerError, load
 from conveyor.triggers.builtin import (
     DelayTrigger,
@@ -15,5 +16,5 @@ from conveyor.triggers.builtin import (
     TimeTrigger,
 )
 
-__all__ = ["DelayTrigger", "FileTrigger", "HttpTrigger", "SqlTrigger", "TimeTrigger",
-           "Trigger", "TriggerError", "load"]
+__all__ = ["AssetTrigger", "DelayTrigger", "FileTrigger", "HttpTrigger", "SqlTrigger",
+           "TimeTrigger", "Trigger", "TriggerError", "load"]

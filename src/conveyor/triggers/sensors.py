@@ -9,6 +9,7 @@ from typing import Any
 
 from conveyor.context import context
 from conveyor.tasks import Defer, task
+from conveyor.triggers.assets import AssetTrigger
 from conveyor.triggers.base import Trigger
 from conveyor.triggers.builtin import (
     DelayTrigger,
@@ -50,3 +51,8 @@ def wait_for_http(url: str, status: int = 200, contains: str = "", timeout: floa
 def wait_for_sql(url: str, query: str, timeout: float | None = None,
                  poll_interval: float = 5.0) -> Any:
     return _wait(SqlTrigger(url, query, poll_interval), timeout)
+
+
+@task(name="conveyor.sensors.wait_for_asset", max_retries=0)
+def wait_for_asset(uri: str, timeout: float | None = None, poll_interval: float = 1.0) -> Any:
+    return _wait(AssetTrigger(uri, poll_interval), timeout)

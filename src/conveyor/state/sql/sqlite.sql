@@ -1150,6 +1150,22 @@ SELECT dag_id, uri, role FROM conveyor_asset_refs ORDER BY uri, role, dag_id;
 -- name: asset_events_of
 SELECT * FROM conveyor_asset_events WHERE uri = :uri ORDER BY event_id DESC LIMIT :limit;
 
+-- name: asset_event_last
+-- The newest event's id (where a triggerer's asset triggers start reading).
+SELECT COALESCE(MAX(event_id), 0) AS event_id FROM conveyor_asset_events;
+
+-- name: asset_event_since
+-- The first event of a URI recorded after a time, up to an id (an asset trigger's catch-up).
+SELECT * FROM conveyor_asset_events
+ WHERE uri = :uri AND created_at > :since AND event_id <= :upto
+ ORDER BY event_id LIMIT 1;
+
+-- name: asset_events_after
+-- The events after an id up to another, oldest first (one read per poll for all asset
+-- triggers, and one more while an id below the cursor may yet commit).
+SELECT * FROM conveyor_asset_events WHERE event_id > :after AND event_id <= :upto
+ ORDER BY event_id LIMIT :limit;
+
 -- name: asset_queue_counts
 -- Events waiting for each consuming DAG's condition (the scheduler's metrics).
 SELECT dag_id, COUNT(*) AS n FROM conveyor_asset_queue GROUP BY dag_id;
@@ -1266,3 +1282,14 @@ SELECT COUNT(*) AS deferred,
 -- for the scheduler to fail the task with.
 UPDATE conveyor_triggers SET owner = 'failed', lease_until = NULL, payload = :error
  WHERE ti_id = :ti_id AND attempt = :attempt AND owner = :owner AND fired_at IS NULL;
+
+-- name: migration_0019
+-- Fired triggers whose task a scheduler has yet to resume, found without a scan.
+CREATE INDEX conveyor_triggers_fired ON conveyor_triggers (fired_at) WHERE fired_at IS NOT NULL;
+
+-- name: fired_deferred
+-- Deferred attempts whose trigger fired, with its payload: resumed in a batch per tick.
+SELECT t.*, g.payload AS fired_payload FROM conveyor_triggers g
+  JOIN conveyor_task_instances t ON t.ti_id = g.ti_id AND t.attempt = g.attempt
+ WHERE g.fired_at IS NOT NULL AND t.state = 'deferred'
+ ORDER BY g.fired_at LIMIT :limit;
