@@ -6,15 +6,23 @@ The same over real brokers and a real partition: tests/integration/test_partitio
 
 from __future__ import annotations
 
+import logging
+import math
 import signal
 import threading
 import time
 from collections.abc import Generator, Sequence
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
 
 from conveyor.broker import Delivery
 from conveyor.errors import BrokerConnectionError
-from conveyor.worker.fencing import SelfFence, margin
+from conveyor.worker.clock import Clock
+from conveyor.worker.fencing import SelfFence, fits, margin
+from conveyor.worker.pool import RunnerPool
+from conveyor.worker.run import Run
 from tests.unit.test_supervisor import Harness, Recorder, message
 from tests.unit.worker_doubles import EXITED_0
 
@@ -54,6 +62,25 @@ def held(frame: dict[str, Any]) -> None:
 
 def test_margin_is_a_sixth_of_the_lease_at_least_half_a_second_at_most_half() -> None:
     assert (margin(30.0), margin(3.0), margin(0.6)) == (5.0, 0.5, 0.3)
+
+
+def test_a_transport_stamped_lease_is_left_alone_and_is_not_fenced_where_renewals_miss_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """RabbitMQ stamps `lease_until` itself (two heartbeat timeouts from its last proven
+    round trip): `renewed` leaves it, and a lease the worker's heartbeat cannot keep up with
+    turns fencing off (with a WARNING) instead of stopping runs that are fine."""
+    assert fits(4.0, 1.0) and fits(120.0, 10.0) and not fits(10.0, 10.0)
+    clock, pool = cast(Clock, None), cast(RunnerPool, None)   # neither is reached here
+    fence = SelfFence(clock, pool, 4.0, renews=False, renew_every=1.0)
+    delivery = Delivery("q", b"", 1, None, lease_until=100.0)
+    fence.renewed(delivery, since=50.0)
+    assert fence.on and delivery.lease_until == 100.0
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+        off = SelfFence(clock, pool, 10.0, renews=False, renew_every=10.0)
+    assert not off.on and "self-fencing is off" in caplog.text
+    assert not off.lapsing(cast(Run, SimpleNamespace(delivery=delivery)), now=1e9)
+    unfenced = SelfFence(clock, pool, math.inf, renews=False, renew_every=10.0)
+    assert unfenced.on   # kombu: nothing is stamped, so nothing is fenced, and no warning
 
 
 def test_a_lease_that_cannot_be_renewed_has_its_runner_killed_before_it_lapses() -> None:
