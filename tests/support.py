@@ -15,6 +15,8 @@ Fixtures and the services' URLs live in `tests/conftest.py`.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import random
 import signal
@@ -24,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +305,11 @@ def run_to_end(daemon: Daemon, timeout: float = 60.0) -> None:
         daemon.run(burst=True)
     finally:
         watchdog.cancel()
+
+
+def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
+    """`asyncio.run(coro)` on a thread of its own: a test process that drove a browser
+    through Playwright's sync API keeps an event loop marked running on its main thread, and
+    asyncio.run() refuses to start there (a CI run failed so)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

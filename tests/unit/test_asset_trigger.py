@@ -19,6 +19,7 @@ from conveyor.state.store import Store
 from conveyor.triggerer.assets import AssetWatch
 from conveyor.triggers import AssetTrigger, TriggerError, load
 from conveyor.triggers.assets import ASSET_EVENTS
+from tests.support import run_coroutine
 
 
 class Orders:
@@ -66,7 +67,7 @@ def test_it_fires_on_the_first_event_after_it_deferred_with_the_event(store: Sto
         ids.extend([touch(s, "s3://lake/elsewhere", 9), touch(s, Orders.uri, 1),
                     touch(s, "s3://lake/items", 2), touch(s, Orders.uri, 3)])
 
-    fired = asyncio.run(serve(store, trigger, other, record=record))
+    fired = run_coroutine(serve(store, trigger, other, record=record))
     assert fired[0] == {"event_id": ids[1], "uri": Orders.uri, "extra": {"n": 1},
                         "timestamp": pytest.approx(time.time(), abs=60), "source": "cli"}
     assert fired[1]["event_id"] == ids[2] and fired[1]["extra"] == {"n": 2}
@@ -76,13 +77,13 @@ def test_an_event_between_its_deferral_and_its_claim_fires_it(store: Store) -> N
     """Taken over from a killed triggerer, or claimed late: it looks back to `since`."""
     trigger = AssetTrigger(Orders.uri, poll_interval=0.05, since=time.time() - 1)
     event_id = touch(store, Orders.uri, 5)
-    fired = asyncio.run(serve(store, trigger))
+    fired = run_coroutine(serve(store, trigger))
     assert fired[0]["event_id"] == event_id and fired[0]["extra"] == {"n": 5}
 
 
 def test_outside_a_triggerer_it_says_where_it_runs() -> None:
     with pytest.raises(TriggerError, match="conveyor triggerer"):
-        asyncio.run(AssetTrigger(Orders.uri).run())
+        run_coroutine(AssetTrigger(Orders.uri).run())
 
 
 def test_an_event_committed_below_the_cursor_still_fires_it(store: Store, tmp_path: Path
@@ -101,6 +102,6 @@ def test_an_event_committed_below_the_cursor_still_fires_it(store: Store, tmp_pa
         insert(1, "s3://lake/elsewhere", "{}")
         insert(4, "s3://lake/elsewhere", "{}")
 
-    fired = asyncio.run(serve(store, trigger, record=record,
+    fired = run_coroutine(serve(store, trigger, record=record,
                               late=lambda s: insert(3, Orders.uri, '{"n": 7}')))
     assert fired[0]["event_id"] == 3 and fired[0]["extra"] == {"n": 7}

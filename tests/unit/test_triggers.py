@@ -25,6 +25,7 @@ from conveyor.triggers import (
 )
 from conveyor.worker.outcome import Budget, Facts, classify, decide, outside_dag
 from conveyor.worker.runner import _deferral
+from tests.support import run_coroutine
 
 CLEAN_EXIT = 0
 
@@ -66,11 +67,11 @@ def test_what_cannot_be_described_or_loaded_is_refused_saying_why() -> None:
 
 
 def test_time_and_file_triggers_fire_with_their_payloads(tmp_path: Path) -> None:
-    fired = asyncio.run(TimeTrigger(time.time() - 1).run())
+    fired = run_coroutine(TimeTrigger(time.time() - 1).run())
     assert fired["fired_at"] >= fired["at"]
     path = tmp_path / "landed"
     path.write_text("abc")
-    payload = asyncio.run(FileTrigger(str(path)).run())
+    payload = run_coroutine(FileTrigger(str(path)).run())
     assert payload == {"path": str(path), "size": 3, "mtime": os.stat(path).st_mtime}
 
 
@@ -109,7 +110,7 @@ def test_file_triggers_share_one_poller_and_a_cancelled_one_leaves_nothing(
         await asyncio.gather(gone, return_exceptions=True)
         return fired, len(_Poller.of(0.01).waiting)
 
-    fired, left = asyncio.run(scenario())
+    fired, left = run_coroutine(scenario())
     assert [f["size"] for f in fired] == [2, 2, 2] and left == 0
 
 
@@ -133,7 +134,7 @@ def test_an_http_trigger_fires_once_the_endpoint_answers_as_expected() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}/health"
-        fired = asyncio.run(HttpTrigger(url, contains="ready", poll_interval=0.01).run())
+        fired = run_coroutine(HttpTrigger(url, contains="ready", poll_interval=0.01).run())
     finally:
         server.shutdown()
         server.server_close()
@@ -157,4 +158,4 @@ def test_a_sql_trigger_fires_once_its_query_returns_rows(tmp_path: Path) -> None
             conn.execute("UPDATE batches SET done = 1")
         return await waiting
 
-    assert asyncio.run(scenario()) == {"rows": [[1]]}
+    assert run_coroutine(scenario()) == {"rows": [[1]]}
